@@ -1,0 +1,42 @@
+"""artstore: an event-sourced, persistent trajectory store for OpenPipe ART and LangGraph.
+
+Every rollout, LLM call, reward and train step is an immutable event in SQLite or
+PostgreSQL; trajectories are projected from the events; the trainer replays unconsumed
+groups into ART, so runs resume after a crash and can be re-scored and trained again.
+
+Importing artstore is quick: ART (slow to import) is loaded only where it is used.
+"""
+
+from __future__ import annotations
+
+import os
+
+# LiteLLM (imported by ART) fetches a price map from the network at import unless told not to.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from artstore.errors import (
+    ArtstoreError,
+    DatabaseUnavailableError,
+    GroupAlreadyConsumedError,
+    SchemaTooNewError,
+    WrongExpectedVersionError,
+)
+from artstore.eventstore import ANY, NO_STREAM, AppendResult, RecordedEvent
+from artstore.store import Store, open_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ANY",
+    "NO_STREAM",
+    "AppendResult",
+    "ArtstoreError",
+    "DatabaseUnavailableError",
+    "GroupAlreadyConsumedError",
+    "RecordedEvent",
+    "SchemaTooNewError",
+    "Store",
+    "WrongExpectedVersionError",
+    "__version__",
+    "open_store",
+]

@@ -1,0 +1,66 @@
+"""`artstore db`: schema migrations and maintenance."""
+
+from __future__ import annotations
+
+import typer
+
+from artstore.cli.app import UrlOption, console, run
+
+app = typer.Typer(help="Schema migrations and maintenance.", no_args_is_help=True)
+
+
+@app.command()
+def upgrade(url: UrlOption = None) -> None:
+    """Create the database or migrate it to this artstore's schema."""
+
+    async def work() -> None:
+        from artstore.eventstore.database import check_reachable, connect
+        from artstore.store import prepare_schema
+        from artstore.urls import resolve_url
+
+        database = connect(resolve_url(url))
+        try:
+            await check_reachable(database)
+            revision = await prepare_schema(database, upgrade=True)
+        finally:
+            await database.dispose()
+        console.print(f"{database.display_url} is at schema revision {revision}")
+
+    run(work)
+
+
+@app.command()
+def current(url: UrlOption = None) -> None:
+    """Print the database's schema revision (and this artstore's newest)."""
+
+    async def work() -> None:
+        from artstore.eventstore.database import check_reachable, connect
+        from artstore.schema import migrate
+        from artstore.urls import resolve_url
+
+        database = connect(resolve_url(url))
+        try:
+            await check_reachable(database)
+            async with database.read() as connection:
+                revision = await connection.run_sync(migrate.current_revision)
+        finally:
+            await database.dispose()
+        head = migrate.head_revision()
+        state = "up to date" if revision == head else f"artstore's newest is {head}"
+        console.print(f"{revision or 'empty (no schema)'} ({state})")
+
+    run(work)
+
+
+@app.command("rebuild-projections")
+def rebuild_projections(url: UrlOption = None) -> None:
+    """Recompute every read model (runs, rollouts, ... tables) from the event log."""
+
+    async def work() -> None:
+        import artstore
+
+        async with await artstore.open_store(url) as store:
+            count = await store.rebuild_projections()
+        console.print(f"replayed {count} events into the projections")
+
+    run(work)

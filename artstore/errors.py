@@ -1,0 +1,88 @@
+"""The errors artstore raises.
+
+Callers catch these, never a database driver's exception: the event store maps driver
+errors onto this small hierarchy (the way the `eventsourcing` library does), and every
+message says what happened and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class ArtstoreError(Exception):
+    """Base class of every error artstore raises on purpose."""
+
+
+class ConfigurationError(ArtstoreError, ValueError):
+    """A setting, URL or argument is wrong before anything touched the database."""
+
+
+class DatabaseUnavailableError(ArtstoreError):
+    """The database cannot be reached or opened."""
+
+
+class SchemaError(ArtstoreError):
+    """The database schema does not match what this artstore expects."""
+
+
+class SchemaTooNewError(SchemaError):
+    """The database was migrated by a newer artstore than the one installed."""
+
+
+class SchemaOutdatedError(SchemaError):
+    """The database needs `artstore db upgrade` and automatic migration is off."""
+
+
+class EventError(ArtstoreError):
+    """An event is malformed, unknown or cannot be stored."""
+
+
+class UnknownEventTypeError(EventError):
+    """An event type that this artstore does not declare."""
+
+
+class InvalidEventError(EventError, ValueError):
+    """An event's payload does not validate or is not JSON."""
+
+
+class WrongExpectedVersionError(ArtstoreError):
+    """Optimistic concurrency conflict: the stream moved on since the caller read it.
+
+    Nothing of the append was written; read the stream again and retry.
+    """
+
+    def __init__(self, stream_id: str, expected: int | None, actual: int) -> None:
+        self.stream_id = stream_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"stream {stream_id!r} is at version {actual}, but the append expected "
+            f"version {expected}; nothing was written (read the stream again and retry)"
+        )
+
+
+class DuplicateEventError(ArtstoreError):
+    """Some, but not all, event ids of an append already exist: not a clean retry."""
+
+
+class ImmutableEventError(ArtstoreError):
+    """Something tried to change or delete a stored event or blob."""
+
+
+class GroupAlreadyConsumedError(ArtstoreError):
+    """A trajectory group was already trained into this model (invariant 4)."""
+
+
+class NotFoundError(ArtstoreError, LookupError):
+    """A run, rollout or group that the store does not hold."""
+
+
+class TrainerConflictError(ArtstoreError):
+    """Another trainer holds the run."""
+
+
+class RewardFunctionError(ArtstoreError):
+    """A reward function raised or returned something unusable."""
+
+
+class StoreClosedError(ArtstoreError):
+    """The store was closed; open a new one."""

@@ -1,0 +1,251 @@
+"""Every event type artstore writes, declared once.
+
+An event is an immutable fact. Its payload is a pydantic model serialised to JSON (never
+pickle); its envelope (id, stream, version, global position) belongs to the store. The
+`event_id` is made by the client when the event object is created, so that retrying an
+append with the same objects writes nothing twice.
+
+Streams:
+
+- `run-<run>`: run started / resumed / finished;
+- `rollout-<rollout id>`: rollout started, one `llm.call` per LLM call, finished or failed;
+- `group-<group id>`: rewards per scorer, group sealed;
+- `train-<run>`: train step started / completed / failed / reconciled, checkpoint pushed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from artstore.errors import InvalidEventError, UnknownEventTypeError
+
+JSONValue = Any  # anything `json.dumps` accepts; checked when the event is encoded
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class Event(BaseModel):
+    """Base of every event payload. Subclasses declare `type` and register themselves."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: ClassVar[str]
+    # Client-made, excluded from the payload: the store keeps it in the envelope.
+    event_id: str = Field(default_factory=new_id, exclude=True)
+
+
+EVENT_TYPES: dict[str, type[Event]] = {}
+
+E = TypeVar("E", bound=type[Event])
+
+
+def event_type(name: str):
+    """Declare an event type under `name` (also for users' own event types)."""
+
+    def register(cls: E) -> E:
+        if name in EVENT_TYPES and EVENT_TYPES[name] is not cls:
+            raise ValueError(f"event type {name!r} is declared twice")
+        cls.type = name
+        EVENT_TYPES[name] = cls
+        return cls
+
+    return register
+
+
+def decode_event(type_name: str, data: dict[str, Any], event_id: str | None = None) -> Event:
+    """Rebuild a typed event from what the store holds."""
+    cls = EVENT_TYPES.get(type_name)
+    if cls is None:
+        raise UnknownEventTypeError(
+            f"unknown event type {type_name!r}: this artstore does not declare it "
+            "(written by a newer artstore, or a custom type not imported here)"
+        )
+    try:
+        return cls.model_validate({**data, "event_id": event_id or new_id()})
+    except ValidationError as exc:
+        raise InvalidEventError(f"stored {type_name!r} event does not validate: {exc}") from None
+
+
+# --- runs -------------------------------------------------------------------------------
+
+
+@event_type("run.started")
+class RunStarted(Event):
+    run: str
+    project: str
+    model: str  # the trained model's name
+    base_model: str | None = None
+    config: dict[str, JSONValue]
+    scenarios: list[JSONValue]
+    validation_model: str | None = None
+    scorer: str
+    trainer: str  # host:pid of the process that trains
+
+
+@event_type("run.resumed")
+class RunResumed(Event):
+    run: str
+    trainer: str
+    at_step: int
+
+
+@event_type("run.finished")
+class RunFinished(Event):
+    run: str
+    status: Literal["finished", "failed"] = "finished"
+    error: str | None = None
+
+
+# --- rollouts ---------------------------------------------------------------------------
+
+
+@event_type("rollout.started")
+class RolloutStarted(Event):
+    rollout_id: str
+    run: str | None = None
+    group_id: str | None = None
+    scenario: JSONValue = None
+    scenario_index: int | None = None
+    model: str
+    role: Literal["policy", "validation"] = "policy"
+    policy_step: int | None = None
+    inference_model_name: str | None = None
+    inference_base_url: str | None = None
+    started_at: datetime
+
+
+@event_type("llm.call")
+class LLMCall(Event):
+    """One call of the chat model inside a rollout.
+
+    Messages are LangChain's own JSON serialisation (`message_to_dict`); the input
+    messages and the tool list are stored once each as content-addressed blobs and
+    referenced here by hash, so a growing conversation costs linear storage.
+    """
+
+    call_id: str
+    index: int  # order of the call within the rollout
+    input: list[str]  # blob hashes of the input messages
+    output: dict[str, JSONValue] | None = None  # message_to_dict of the AIMessage
+    tools: str | None = None  # blob hash of the OpenAI tool list offered
+    model: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    latency_s: float | None = None
+    finish_reason: str | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    started_at: datetime
+
+
+@event_type("rollout.finished")
+class RolloutFinished(Event):
+    rollout_id: str
+    result: JSONValue = None
+    duration_s: float
+    metrics: dict[str, float | int | bool] = {}
+    metadata: dict[str, float | int | str | bool | None] = {}
+    logs: list[str] = []
+
+
+@event_type("rollout.failed")
+class RolloutFailed(Event):
+    rollout_id: str
+    error_type: str
+    error_message: str
+    traceback: str
+    duration_s: float
+
+
+# --- groups and rewards -----------------------------------------------------------------
+
+
+@event_type("group.sealed")
+class GroupSealed(Event):
+    """A group is complete and may be trained: its rollouts and their rewards exist."""
+
+    group_id: str
+    run: str | None = None
+    epoch: int | None = None
+    batch: int | None = None  # index of the batch (train step) within the run
+    scenario_index: int | None = None
+    rollout_ids: list[str]
+    validation_rollout_ids: list[str] = []
+    failed_rollout_ids: list[str] = []
+    metadata: dict[str, float | int | str | bool | None] = {}
+
+
+@event_type("rewards.recorded")
+class RewardsRecorded(Event):
+    """Rewards of a group's rollouts by one scorer. Re-scoring appends another."""
+
+    group_id: str
+    scorer: str
+    rewards: dict[str, float]  # rollout id -> reward
+    metrics: dict[str, dict[str, float | int | bool]] = {}  # rollout id -> metrics
+    rescored: bool = False
+
+
+# --- training ---------------------------------------------------------------------------
+
+
+@event_type("train_step.started")
+class TrainStepStarted(Event):
+    run: str
+    model: str  # the trained model, "project/name"
+    step: int  # the model's step before training
+    group_ids: list[str]
+    scorer: str
+    trainer: str
+
+
+@event_type("train_step.completed")
+class TrainStepCompleted(Event):
+    """Recorded in the same transaction as the consumption of its groups (invariant 4)."""
+
+    run: str
+    model: str
+    step: int  # the step after training (`TrainResult.step`)
+    group_ids: list[str]
+    scorer: str
+    metrics: dict[str, float] = {}
+    duration_s: float | None = None
+    checkpoint: str | None = None
+    reconciled: bool = False  # True when recovered from the backend's step after a crash
+
+
+@event_type("train_step.failed")
+class TrainStepFailed(Event):
+    run: str
+    model: str
+    step: int
+    group_ids: list[str]
+    error_type: str
+    error_message: str
+
+
+@event_type("checkpoint.pushed")
+class CheckpointPushed(Event):
+    run: str
+    model: str
+    step: int
+    destination: str | None = None
+
+
+def encode_event(event: Event) -> tuple[str, dict[str, Any]]:
+    """The (type, JSON payload) of an event, refusing anything the store cannot keep."""
+    cls = type(event)
+    if EVENT_TYPES.get(getattr(cls, "type", "")) is not cls:
+        raise UnknownEventTypeError(
+            f"{cls.__name__} is not a declared event type (use @artstore.events.event_type)"
+        )
+    try:
+        return cls.type, event.model_dump(mode="json")
+    except Exception as exc:  # pydantic raises several kinds for non-JSON values
+        raise InvalidEventError(f"{cls.type!r} event is not JSON-serializable: {exc}") from None

@@ -1,0 +1,14 @@
+"""The event store: append-only streams of events in SQLite or PostgreSQL."""
+
+from artstore.eventstore.blobs import blob_hash, encode_blob
+from artstore.eventstore.store import ANY, NO_STREAM, AppendResult, EventStore, RecordedEvent
+
+__all__ = [
+    "ANY",
+    "NO_STREAM",
+    "AppendResult",
+    "EventStore",
+    "RecordedEvent",
+    "blob_hash",
+    "encode_blob",
+]

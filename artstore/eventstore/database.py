@@ -1,0 +1,155 @@
+"""Engines for one database, with each dialect's settings, and driver errors mapped to ours.
+
+SQLite: WAL, a busy timeout, `BEGIN IMMEDIATE` for writes (one writer connection per
+process) and plain `BEGIN` for reads, so readers never block the writer and a write never
+fails half-way for lack of the lock. PostgreSQL: one asyncpg pool for both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from artstore.errors import (
+    DatabaseUnavailableError,
+    GroupAlreadyConsumedError,
+    ImmutableEventError,
+)
+from artstore.eventstore.blobs import canonical_json
+from artstore.urls import redact
+
+SQLITE_BUSY_TIMEOUT_S = 60.0
+T = TypeVar("T")
+
+
+@dataclass
+class Database:
+    """The engines of one store. `dialect` is "sqlite" or "postgresql"."""
+
+    url: URL
+    dialect: str
+    write_engine: AsyncEngine
+    read_engine: AsyncEngine
+
+    @property
+    def display_url(self) -> str:
+        return redact(self.url)
+
+    @asynccontextmanager
+    async def write(self) -> AsyncIterator[AsyncConnection]:
+        """A write transaction (BEGIN IMMEDIATE on SQLite), retried while SQLite is busy."""
+        async with self.write_engine.begin() as connection:
+            yield connection
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        async with self.read_engine.connect() as connection:
+            yield connection
+
+    async def run_write(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """Run `work` in one write transaction, retrying when another process holds SQLite."""
+        deadline = asyncio.get_running_loop().time() + SQLITE_BUSY_TIMEOUT_S
+        delay = 0.005
+        while True:
+            try:
+                async with self.write() as connection:
+                    return await work(connection)
+            except OperationalError as exc:
+                if not is_busy(exc) or asyncio.get_running_loop().time() > deadline:
+                    raise translate_error(exc, self) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
+    async def dispose(self) -> None:
+        await self.write_engine.dispose()
+        if self.read_engine is not self.write_engine:
+            await self.read_engine.dispose()
+
+
+def is_busy(exc: BaseException) -> bool:
+    message = str(exc).lower()
+    return "database is locked" in message or "database is busy" in message
+
+
+def translate_error(exc: BaseException, database: Database | None = None) -> Exception:
+    """The artstore error for a driver error (callers never see the driver's)."""
+    where = f" at {database.display_url}" if database else ""
+    message = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    if "immutable" in message:
+        return ImmutableEventError(message.removeprefix("artstore: "))
+    if isinstance(exc, IntegrityError) and "group_consumptions" in message:
+        return GroupAlreadyConsumedError(
+            "a group in this train step was already trained into this model; "
+            f"nothing was written ({message})"
+        )
+    if isinstance(exc, IntegrityError):
+        return exc  # callers decide what other constraint violations mean
+    if isinstance(exc, (OperationalError, InterfaceError, OSError, ConnectionError)) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    ):
+        return DatabaseUnavailableError(f"cannot use the database{where}: {message}")
+    return exc
+
+
+def connect(url: URL) -> Database:
+    """Engines for `url` (an async URL from `artstore.urls.resolve_url`)."""
+    dialect = url.get_backend_name()
+    if dialect == "sqlite":
+        write_engine = _sqlite_engine(url, begin="BEGIN IMMEDIATE", pool_size=1)
+        read_engine = _sqlite_engine(url, begin="BEGIN", pool_size=4)
+        return Database(url, dialect, write_engine, read_engine)
+    engine = create_async_engine(
+        url,
+        pool_size=8,
+        max_overflow=8,
+        json_serializer=canonical_json,
+        connect_args={"timeout": 10},
+    )
+    return Database(url, dialect, engine, engine)
+
+
+def _sqlite_engine(url: URL, *, begin: str, pool_size: int) -> AsyncEngine:
+    engine = create_async_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=0,
+        json_serializer=canonical_json,
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
+    )
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def configure(dbapi_connection, _record) -> None:
+        # Take transaction control from the sqlite3 module so that our BEGIN is the one used.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode survives a process crash (SIGKILL); only power loss may
+        # lose the last transactions.
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def begin_transaction(connection) -> None:
+        connection.exec_driver_sql(begin)
+
+    return engine
+
+
+async def check_reachable(database: Database) -> None:
+    try:
+        async with database.read() as connection:
+            await connection.execute(text("SELECT 1"))
+    except Exception as exc:  # any driver or socket error means the same to the user
+        raise DatabaseUnavailableError(
+            f"cannot reach the database at {database.display_url}: "
+            f"{str(getattr(exc, 'orig', None) or exc).strip() or type(exc).__name__}"
+        ) from None

@@ -1,0 +1,471 @@
+"""Append to and read from streams of events, with group commit.
+
+`EventStore.append` hands the append to one writer task per store. The writer takes
+everything queued while its previous transaction ran and writes it in one transaction
+(group commit): many concurrent single-event appenders cost few commits. Each append is
+still atomic (a savepoint of its own when the batch has to be taken apart), idempotent by
+its client-made event ids, and checked against its expected stream version.
+
+Global positions are commit-ordered on both databases, so a reader catching up with
+`read_all(after=...)` sees every committed event exactly once, in order (invariant 3):
+SQLite has one writer at a time; on PostgreSQL every appending transaction holds one
+advisory lock until it commits (taken here, and by the position trigger of the schema).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from artstore.errors import (
+    ArtstoreError,
+    DuplicateEventError,
+    InvalidEventError,
+    StoreClosedError,
+    WrongExpectedVersionError,
+)
+from artstore.events import Event, decode_event, encode_event
+from artstore.eventstore.blobs import canonical_json
+from artstore.eventstore.database import Database, translate_error
+from artstore.schema.tables import EVENTS_APPEND_LOCK_KEY, blobs, events
+
+ANY: int | None = None  # expected_version: append whatever the stream's version
+NO_STREAM = 0  # expected_version: the stream must not exist yet
+
+MAX_APPENDS_PER_TRANSACTION = 1000
+MAX_EVENTS_PER_TRANSACTION = 5000
+
+
+@dataclass(frozen=True)
+class RecordedEvent:
+    """An event as stored: its envelope and its JSON payload."""
+
+    position: int
+    event_id: str
+    stream_id: str
+    version: int
+    type: str
+    data: dict[str, Any]
+    recorded_at: datetime
+
+    def decode(self) -> Event:
+        """The typed event (raises UnknownEventTypeError for a type artstore does not declare)."""
+        return decode_event(self.type, self.data, self.event_id)
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    stream_id: str
+    version: int  # the stream's version after the append
+    positions: list[int]
+    written: bool  # False when the append was a retry of one already stored
+
+
+# Called inside the appending transaction with the events just written: projections.
+Projector = Callable[[AsyncConnection, list[RecordedEvent]], Awaitable[None]]
+
+
+@dataclass
+class _Append:
+    stream_id: str
+    rows: list[dict[str, Any]]  # event rows without version and position
+    expected_version: int | None
+    blobs: dict[str, str]
+    future: asyncio.Future[AppendResult]
+    result: AppendResult | None = None
+    error: BaseException | None = None
+    recorded: list[RecordedEvent] = field(default_factory=list)
+
+
+class EventStore:
+    """Streams of immutable events in one database."""
+
+    def __init__(self, database: Database, *, projector: Projector | None = None) -> None:
+        self.database = database
+        self._projector = projector
+        self._queue: asyncio.Queue[_Append] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        # Heads of streams this process wrote, to skip a query per append. A stale head
+        # (another process appended) fails on the unique (stream, version) key and the
+        # append is then checked against the database.
+        self._heads: OrderedDict[str, int] = OrderedDict()
+        self._stored_blobs: OrderedDict[str, None] = OrderedDict()
+        self.transactions = 0  # write transactions committed: group commit at work
+
+    @property
+    def dialect(self) -> str:
+        return self.database.dialect
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the writer runs on (for appends from other threads)."""
+        if self._loop is None:
+            raise StoreClosedError("the store has not written anything yet")
+        return self._loop
+
+    # --- writing ------------------------------------------------------------------------
+
+    async def append(
+        self,
+        stream_id: str,
+        new_events: Sequence[Event],
+        expected_version: int | None = ANY,
+        *,
+        blobs: Mapping[str, str] | None = None,
+    ) -> AppendResult:
+        """Append `new_events` to `stream_id` atomically.
+
+        `expected_version` is the stream's version the caller last saw (NO_STREAM for a new
+        stream, ANY to skip the check); a mismatch raises WrongExpectedVersionError and
+        writes nothing. `blobs` maps content hashes to JSON bodies stored in the same
+        transaction (each once, ever). Retrying with the same event objects writes
+        nothing twice.
+        """
+        return await self.append_nowait(stream_id, new_events, expected_version, blobs=blobs)
+
+    def append_nowait(
+        self,
+        stream_id: str,
+        new_events: Sequence[Event],
+        expected_version: int | None = ANY,
+        *,
+        blobs: Mapping[str, str] | None = None,
+    ) -> asyncio.Future[AppendResult]:
+        """Queue an append and return at once; the future resolves when it is committed.
+
+        Appends queued by one task are written in the order they were queued. Invalid
+        events raise here, before anything is queued.
+        """
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+        if not new_events:
+            raise InvalidEventError("an append needs at least one event")
+        rows = [_event_row(stream_id, event) for event in new_events]
+        if len({row["event_id"] for row in rows}) != len(rows):
+            raise InvalidEventError("an append holds the same event id twice")
+        queue = self._ensure_writer()
+        future: asyncio.Future[AppendResult] = self.loop.create_future()
+        queue.put_nowait(_Append(stream_id, rows, expected_version, dict(blobs or {}), future))
+        return future
+
+    def _ensure_writer(self) -> asyncio.Queue[_Append]:
+        if self._queue is None:
+            self._loop = asyncio.get_running_loop()
+            self._queue = asyncio.Queue()
+            self._writer = self._loop.create_task(self._write_forever(), name="artstore-writer")
+        return self._queue
+
+    async def flush(self) -> None:
+        """Wait until every append queued so far is committed."""
+        if self._queue is not None:
+            await self._queue.join()
+
+    async def _write_forever(self) -> None:
+        assert self._queue is not None
+        while True:
+            batch = [await self._queue.get()]
+            num_events = len(batch[0].rows)
+            while (
+                not self._queue.empty()
+                and len(batch) < MAX_APPENDS_PER_TRANSACTION
+                and num_events < MAX_EVENTS_PER_TRANSACTION
+            ):
+                batch.append(self._queue.get_nowait())
+                num_events += len(batch[-1].rows)
+            try:
+                await self._write_batch(batch)
+            except BaseException as exc:  # the whole transaction failed: fail every append
+                for item in batch:
+                    item.result, item.error = None, translate_error(exc, self.database)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+            finally:
+                for item in batch:
+                    if not item.future.done():
+                        if item.error is not None:
+                            item.future.set_exception(item.error)
+                        else:
+                            item.future.set_result(item.result)  # type: ignore[arg-type]
+                    self._queue.task_done()
+
+    async def _write_batch(self, batch: list[_Append]) -> None:
+        async def transaction(connection: AsyncConnection) -> None:
+            for item in batch:
+                item.result, item.error, item.recorded = None, None, []
+            if self.dialect == "postgresql":
+                await connection.execute(select(func.pg_advisory_xact_lock(EVENTS_APPEND_LOCK_KEY)))
+            try:
+                async with connection.begin_nested():
+                    await self._write_fast(connection, batch)
+            except (IntegrityError, WrongExpectedVersionError):
+                # Take the batch apart: each append alone, checked against the database.
+                for item in batch:
+                    item.result, item.error, item.recorded = None, None, []
+                    try:
+                        async with connection.begin_nested():
+                            await self._write_checked(connection, item)
+                    except (ArtstoreError, IntegrityError) as exc:
+                        item.result, item.error = None, _explain(exc, self.database)
+                        self._heads.pop(item.stream_id, None)
+
+        await self.database.run_write(transaction)
+        self.transactions += 1
+        for item in batch:  # committed: remember what now exists
+            if item.result is not None:
+                self._remember_head(item.stream_id, item.result.version)
+                for digest in item.blobs:
+                    self._remember_blob(digest)
+
+    async def _write_fast(self, connection: AsyncConnection, batch: list[_Append]) -> None:
+        """The whole batch in one INSERT, with versions from the cached stream heads."""
+        unknown = {item.stream_id for item in batch} - self._heads.keys()
+        heads = dict(self._heads)
+        heads.update(await _stream_heads(connection, unknown))
+        rows: list[dict[str, Any]] = []
+        for item in batch:
+            head = heads.get(item.stream_id, 0)
+            if item.expected_version is not None and item.expected_version != head:
+                raise WrongExpectedVersionError(item.stream_id, item.expected_version, head)
+            for offset, row in enumerate(item.rows, start=1):
+                rows.append({**row, "version": head + offset})
+            heads[item.stream_id] = head + len(item.rows)
+        positions = await _insert_events(connection, rows)
+        await self._insert_blobs(connection, batch)
+        start = 0
+        for item in batch:
+            mine = positions[start : start + len(item.rows)]
+            item.recorded = _recorded(rows[start : start + len(item.rows)], mine)
+            start += len(item.rows)
+            item.result = AppendResult(item.stream_id, item.recorded[-1].version, mine, True)
+        if self._projector is not None:
+            await self._projector(connection, [e for item in batch for e in item.recorded])
+
+    async def _write_checked(self, connection: AsyncConnection, item: _Append) -> None:
+        """One append, checked for a retry, a partial duplicate and its expected version."""
+        ids = [row["event_id"] for row in item.rows]
+        existing = (
+            await connection.execute(
+                select(events.c.event_id, events.c.stream_id, events.c.version, events.c.position)
+                .where(events.c.event_id.in_(ids))
+                .order_by(events.c.position)
+            )
+        ).all()
+        if existing:
+            if len(existing) == len(ids) and all(r.stream_id == item.stream_id for r in existing):
+                item.result = AppendResult(
+                    item.stream_id, existing[-1].version, [r.position for r in existing], False
+                )
+                return
+            raise DuplicateEventError(
+                f"{len(existing)} of the {len(ids)} event ids of this append to "
+                f"{item.stream_id!r} are already stored (in stream {existing[0].stream_id!r}): "
+                "a retry must resend exactly the same events; nothing was written"
+            )
+        head = (await _stream_heads(connection, {item.stream_id})).get(item.stream_id, 0)
+        if item.expected_version is not None and item.expected_version != head:
+            raise WrongExpectedVersionError(item.stream_id, item.expected_version, head)
+        rows = [{**row, "version": head + n} for n, row in enumerate(item.rows, start=1)]
+        positions = await _insert_events(connection, rows)
+        await self._insert_blobs(connection, [item])
+        item.recorded = _recorded(rows, positions)
+        item.result = AppendResult(item.stream_id, rows[-1]["version"], positions, True)
+        if self._projector is not None:
+            await self._projector(connection, item.recorded)
+
+    async def _insert_blobs(self, connection: AsyncConnection, batch: list[_Append]) -> None:
+        new = {}
+        for item in batch:
+            for digest, body in item.blobs.items():
+                if digest not in self._stored_blobs:
+                    new[digest] = body
+        if not new:
+            return
+        rows = [{"hash": h, "body": b, "size": len(b)} for h, b in new.items()]
+        dialect = postgresql if self.dialect == "postgresql" else sqlite
+        statement = dialect.insert(blobs).on_conflict_do_nothing(index_elements=["hash"])
+        await connection.execute(statement, rows)
+
+    def _remember_head(self, stream_id: str, version: int) -> None:
+        self._heads[stream_id] = version
+        self._heads.move_to_end(stream_id)
+        if len(self._heads) > 100_000:
+            self._heads.popitem(last=False)
+
+    def _remember_blob(self, digest: str) -> None:
+        self._stored_blobs[digest] = None
+        if len(self._stored_blobs) > 1_000_000:
+            self._stored_blobs.popitem(last=False)
+
+    # --- reading ------------------------------------------------------------------------
+
+    async def read_stream(
+        self, stream_id: str, from_version: int = 1, limit: int | None = None
+    ) -> list[RecordedEvent]:
+        """The events of one stream, from `from_version` on, in order."""
+        query = (
+            select(events)
+            .where(events.c.stream_id == stream_id, events.c.version >= from_version)
+            .order_by(events.c.version)
+            .limit(limit)
+        )
+        async with self.database.read() as connection:
+            return [recorded_from_row(row) for row in await connection.execute(query)]
+
+    async def read_streams(self, stream_ids: Iterable[str]) -> dict[str, list[RecordedEvent]]:
+        """The events of several streams at once, by stream."""
+        ids = list(dict.fromkeys(stream_ids))
+        found: dict[str, list[RecordedEvent]] = {stream_id: [] for stream_id in ids}
+        async with self.database.read() as connection:
+            for start in range(0, len(ids), 500):
+                query = (
+                    select(events)
+                    .where(events.c.stream_id.in_(ids[start : start + 500]))
+                    .order_by(events.c.stream_id, events.c.version)
+                )
+                for row in await connection.execute(query):
+                    found[row.stream_id].append(recorded_from_row(row))
+        return found
+
+    async def read_all(
+        self, after: int = 0, limit: int = 1000, types: Sequence[str] | None = None
+    ) -> list[RecordedEvent]:
+        """One page of all events with a position greater than `after`, in position order."""
+        query = select(events).where(events.c.position > after)
+        if types:
+            query = query.where(events.c.type.in_(types))
+        query = query.order_by(events.c.position).limit(limit)
+        async with self.database.read() as connection:
+            return [recorded_from_row(row) for row in await connection.execute(query)]
+
+    async def iter_all(
+        self, after: int = 0, page_size: int = 1000, types: Sequence[str] | None = None
+    ) -> AsyncIterator[RecordedEvent]:
+        """Every event after `after`, page by page, up to the last committed one."""
+        while page := await self.read_all(after, page_size, types):
+            for recorded in page:
+                yield recorded
+            after = page[-1].position
+
+    async def stream_version(self, stream_id: str) -> int:
+        async with self.database.read() as connection:
+            return (await _stream_heads(connection, {stream_id})).get(stream_id, 0)
+
+    async def last_position(self) -> int:
+        async with self.database.read() as connection:
+            return (await connection.execute(select(func.max(events.c.position)))).scalar() or 0
+
+    async def get_blobs(self, hashes: Iterable[str]) -> dict[str, str]:
+        """Bodies of content-addressed blobs by hash (missing hashes are left out)."""
+        wanted = list(dict.fromkeys(hashes))
+        found: dict[str, str] = {}
+        async with self.database.read() as connection:
+            for start in range(0, len(wanted), 500):
+                query = select(blobs.c.hash, blobs.c.body).where(
+                    blobs.c.hash.in_(wanted[start : start + 500])
+                )
+                found.update({row.hash: row.body for row in await connection.execute(query)})
+        return found
+
+    # --- lifecycle ----------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Write everything queued, then release every connection."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.flush()
+        finally:
+            if self._writer is not None:
+                self._writer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._writer
+            await self.database.dispose()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+def _event_row(stream_id: str, event: Event) -> dict[str, Any]:
+    type_name, data = encode_event(event)
+    try:
+        canonical_json(data)  # refuse NaN and anything else that is not JSON, now
+    except (TypeError, ValueError) as exc:
+        raise InvalidEventError(f"{type_name!r} event is not valid JSON: {exc}") from None
+    return {
+        "event_id": event.event_id,
+        "stream_id": stream_id,
+        "type": type_name,
+        "data": data,
+        "recorded_at": datetime.now(UTC),
+    }
+
+
+async def _stream_heads(connection: AsyncConnection, stream_ids: set[str]) -> dict[str, int]:
+    if not stream_ids:
+        return {}
+    query = (
+        select(events.c.stream_id, func.max(events.c.version))
+        .where(events.c.stream_id.in_(sorted(stream_ids)))
+        .group_by(events.c.stream_id)
+    )
+    return {stream_id: version for stream_id, version in await connection.execute(query)}
+
+
+async def _insert_events(connection: AsyncConnection, rows: list[dict[str, Any]]) -> list[int]:
+    statement = events.insert().returning(events.c.position, sort_by_parameter_order=True)
+    return [row.position for row in await connection.execute(statement, rows)]
+
+
+def _recorded(rows: list[dict[str, Any]], positions: list[int]) -> list[RecordedEvent]:
+    return [
+        RecordedEvent(
+            position=position,
+            event_id=row["event_id"],
+            stream_id=row["stream_id"],
+            version=row["version"],
+            type=row["type"],
+            data=row["data"],
+            recorded_at=row["recorded_at"],
+        )
+        for row, position in zip(rows, positions, strict=True)
+    ]
+
+
+def recorded_from_row(row: Any) -> RecordedEvent:
+    data = row.data if isinstance(row.data, dict) else json.loads(row.data)
+    recorded_at = row.recorded_at
+    if recorded_at.tzinfo is None:  # SQLite keeps no zone; artstore writes UTC
+        recorded_at = recorded_at.replace(tzinfo=UTC)
+    return RecordedEvent(
+        position=row.position,
+        event_id=row.event_id,
+        stream_id=row.stream_id,
+        version=row.version,
+        type=row.type,
+        data=data,
+        recorded_at=recorded_at,
+    )
+
+
+def _explain(exc: BaseException, database: Database) -> BaseException:
+    """What an append's failure means to the caller."""
+    if isinstance(exc, IntegrityError):
+        return translate_error(exc, database)
+    return exc

@@ -1,0 +1,9 @@
+"""Read models built from events: runs, rollouts, LLM calls, groups, rewards, train steps.
+
+`project` runs inside the transaction that appends the events, so the tables are always
+exactly as current as the event log; `rebuild` recomputes them from the log alone.
+"""
+
+from artstore.projections.handlers import project, rebuild
+
+__all__ = ["project", "rebuild"]

@@ -1,0 +1,357 @@
+"""One handler per event type, writing the projection tables in the appending transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from artstore.errors import GroupAlreadyConsumedError
+from artstore.events import (
+    CheckpointPushed,
+    Event,
+    GroupSealed,
+    LLMCall,
+    RewardsRecorded,
+    RolloutFailed,
+    RolloutFinished,
+    RolloutStarted,
+    RunFinished,
+    RunResumed,
+    RunStarted,
+    TrainStepCompleted,
+    TrainStepFailed,
+    TrainStepStarted,
+)
+from artstore.eventstore.store import RecordedEvent, recorded_from_row
+from artstore.schema import tables as t
+
+Handler = Callable[[AsyncConnection, Any, RecordedEvent], Awaitable[None]]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handles(event_class: type[Event]):
+    def register(handler: Handler) -> Handler:
+        HANDLERS[event_class.type] = handler
+        return handler
+
+    return register
+
+
+async def project(connection: AsyncConnection, recorded: list[RecordedEvent]) -> None:
+    """Apply each event to the projection tables (events without a handler are skipped)."""
+    for event in recorded:
+        handler = HANDLERS.get(event.type)
+        if handler is not None:
+            await handler(connection, event.decode(), event)
+
+
+async def rebuild(connection: AsyncConnection, page_size: int = 2000) -> int:
+    """Empty every projection table and replay the whole event log into them."""
+    for table in reversed(t.PROJECTION_TABLES):
+        await connection.execute(delete(table))
+    after, count = 0, 0
+    while True:
+        rows = (
+            await connection.execute(
+                select(t.events)
+                .where(t.events.c.position > after)
+                .order_by(t.events.c.position)
+                .limit(page_size)
+            )
+        ).all()
+        if not rows:
+            return count
+        page = [recorded_from_row(row) for row in rows]
+        await project(connection, page)
+        after, count = page[-1].position, count + len(page)
+
+
+# --- runs -------------------------------------------------------------------------------
+
+
+@handles(RunStarted)
+async def _run_started(c: AsyncConnection, e: RunStarted, r: RecordedEvent) -> None:
+    await c.execute(
+        t.runs.insert().values(
+            run=e.run,
+            project=e.project,
+            model=e.model,
+            base_model=e.base_model,
+            validation_model=e.validation_model,
+            scorer=e.scorer,
+            status="running",
+            config=e.config,
+            num_scenarios=len(e.scenarios),
+            trainer=e.trainer,
+            started_at=r.recorded_at,
+        )
+    )
+
+
+@handles(RunResumed)
+async def _run_resumed(c: AsyncConnection, e: RunResumed, r: RecordedEvent) -> None:
+    await c.execute(
+        update(t.runs)
+        .where(t.runs.c.run == e.run)
+        .values(status="running", trainer=e.trainer, finished_at=None, error=None)
+    )
+
+
+@handles(RunFinished)
+async def _run_finished(c: AsyncConnection, e: RunFinished, r: RecordedEvent) -> None:
+    await c.execute(
+        update(t.runs)
+        .where(t.runs.c.run == e.run)
+        .values(status=e.status, error=e.error, finished_at=r.recorded_at)
+    )
+
+
+# --- rollouts ---------------------------------------------------------------------------
+
+
+@handles(RolloutStarted)
+async def _rollout_started(c: AsyncConnection, e: RolloutStarted, r: RecordedEvent) -> None:
+    await c.execute(
+        t.rollouts.insert().values(
+            rollout_id=e.rollout_id,
+            run=e.run,
+            group_id=e.group_id,
+            scenario_index=e.scenario_index,
+            scenario=e.scenario,
+            model=e.model,
+            role=e.role,
+            policy_step=e.policy_step,
+            status="running",
+            num_llm_calls=0,
+            started_at=e.started_at,
+            imported=False,
+        )
+    )
+
+
+@handles(LLMCall)
+async def _llm_call(c: AsyncConnection, e: LLMCall, r: RecordedEvent) -> None:
+    rollout_id = r.stream_id.removeprefix("rollout-")
+    output = (e.output or {}).get("data", {})
+    tool_calls = [
+        {"name": call.get("name"), "args": call.get("args")}
+        for call in output.get("tool_calls") or []
+    ]
+    logprobs = (output.get("response_metadata") or {}).get("logprobs")
+    prompt, completion = e.prompt_tokens, e.completion_tokens
+    await c.execute(
+        t.llm_calls.insert().values(
+            call_id=e.call_id,
+            rollout_id=rollout_id,
+            call_index=e.index,
+            model=e.model,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            total_tokens=None if prompt is None or completion is None else prompt + completion,
+            latency_s=e.latency_s,
+            finish_reason=e.finish_reason,
+            num_input_messages=len(e.input),
+            tool_calls=tool_calls or None,
+            has_logprobs=bool(logprobs),
+            error_type=e.error_type,
+            error_message=e.error_message,
+            started_at=e.started_at,
+            position=r.position,
+        )
+    )
+    await c.execute(
+        update(t.rollouts)
+        .where(t.rollouts.c.rollout_id == rollout_id)
+        .values(num_llm_calls=t.rollouts.c.num_llm_calls + 1)
+    )
+
+
+@handles(RolloutFinished)
+async def _rollout_finished(c: AsyncConnection, e: RolloutFinished, r: RecordedEvent) -> None:
+    await c.execute(
+        update(t.rollouts)
+        .where(t.rollouts.c.rollout_id == e.rollout_id)
+        .values(
+            status="finished", result=e.result, finished_at=r.recorded_at, duration_s=e.duration_s
+        )
+    )
+
+
+@handles(RolloutFailed)
+async def _rollout_failed(c: AsyncConnection, e: RolloutFailed, r: RecordedEvent) -> None:
+    await c.execute(
+        update(t.rollouts)
+        .where(t.rollouts.c.rollout_id == e.rollout_id)
+        .values(
+            status="failed",
+            error_type=e.error_type,
+            error_message=e.error_message,
+            finished_at=r.recorded_at,
+            duration_s=e.duration_s,
+        )
+    )
+
+
+# --- groups and rewards -----------------------------------------------------------------
+
+
+@handles(GroupSealed)
+async def _group_sealed(c: AsyncConnection, e: GroupSealed, r: RecordedEvent) -> None:
+    await c.execute(
+        t.groups.insert().values(
+            group_id=e.group_id,
+            run=e.run,
+            epoch=e.epoch,
+            batch=e.batch,
+            scenario_index=e.scenario_index,
+            size=len(e.rollout_ids),
+            num_validation=len(e.validation_rollout_ids),
+            num_failed=len(e.failed_rollout_ids),
+            sealed_at=r.recorded_at,
+            position=r.position,
+        )
+    )
+
+
+@handles(RewardsRecorded)
+async def _rewards_recorded(c: AsyncConnection, e: RewardsRecorded, r: RecordedEvent) -> None:
+    rows = [
+        {
+            "rollout_id": rollout_id,
+            "group_id": e.group_id,
+            "scorer": e.scorer,
+            "reward": reward,
+            "metrics": e.metrics.get(rollout_id),
+            "rescored": e.rescored,
+            "recorded_at": r.recorded_at,
+            "position": r.position,
+        }
+        for rollout_id, reward in e.rewards.items()
+    ]
+    if rows:
+        await c.execute(t.rewards.insert(), rows)
+
+
+# --- training ---------------------------------------------------------------------------
+
+
+@handles(TrainStepStarted)
+async def _train_step_started(c: AsyncConnection, e: TrainStepStarted, r: RecordedEvent) -> None:
+    await c.execute(
+        t.train_steps.insert().values(
+            run=e.run,
+            model=e.model,
+            step_before=e.step,
+            status="started",
+            scorer=e.scorer,
+            group_ids=e.group_ids,
+            num_groups=len(e.group_ids),
+            reconciled=False,
+            started_at=r.recorded_at,
+        )
+    )
+
+
+async def _open_step_id(c: AsyncConnection, run: str, model: str) -> int | None:
+    return (
+        await c.execute(
+            select(t.train_steps.c.id)
+            .where(
+                t.train_steps.c.run == run,
+                t.train_steps.c.model == model,
+                t.train_steps.c.status == "started",
+            )
+            .order_by(t.train_steps.c.id.desc())
+            .limit(1)
+        )
+    ).scalar()
+
+
+@handles(TrainStepCompleted)
+async def _train_step_completed(
+    c: AsyncConnection, e: TrainStepCompleted, r: RecordedEvent
+) -> None:
+    already = (
+        await c.execute(
+            select(t.group_consumptions.c.group_id, t.group_consumptions.c.step).where(
+                t.group_consumptions.c.model == e.model,
+                t.group_consumptions.c.group_id.in_(e.group_ids),
+            )
+        )
+    ).all()
+    if already:
+        raise GroupAlreadyConsumedError(
+            f"group {already[0].group_id} was already trained into {e.model} at step "
+            f"{already[0].step}; this train step was not recorded"
+        )
+    values = {
+        "step": e.step,
+        "status": "completed",
+        "metrics": e.metrics,
+        "checkpoint": e.checkpoint,
+        "reconciled": e.reconciled,
+        "finished_at": r.recorded_at,
+        "duration_s": e.duration_s,
+    }
+    step_id = await _open_step_id(c, e.run, e.model)
+    if step_id is None:  # reconciled after a crash, or recorded by a replay of its own
+        await c.execute(
+            t.train_steps.insert().values(
+                run=e.run,
+                model=e.model,
+                step_before=e.step - 1,
+                scorer=e.scorer,
+                group_ids=e.group_ids,
+                num_groups=len(e.group_ids),
+                **values,
+            )
+        )
+    else:
+        await c.execute(update(t.train_steps).where(t.train_steps.c.id == step_id).values(values))
+    await c.execute(
+        t.group_consumptions.insert(),
+        [
+            {
+                "group_id": group_id,
+                "model": e.model,
+                "run": e.run,
+                "step": e.step,
+                "scorer": e.scorer,
+                "consumed_at": r.recorded_at,
+                "position": r.position,
+            }
+            for group_id in e.group_ids
+        ],
+    )
+
+
+@handles(TrainStepFailed)
+async def _train_step_failed(c: AsyncConnection, e: TrainStepFailed, r: RecordedEvent) -> None:
+    step_id = await _open_step_id(c, e.run, e.model)
+    if step_id is not None:
+        await c.execute(
+            update(t.train_steps)
+            .where(t.train_steps.c.id == step_id)
+            .values(
+                status="failed",
+                error_type=e.error_type,
+                error_message=e.error_message,
+                finished_at=r.recorded_at,
+            )
+        )
+
+
+@handles(CheckpointPushed)
+async def _checkpoint_pushed(c: AsyncConnection, e: CheckpointPushed, r: RecordedEvent) -> None:
+    await c.execute(
+        update(t.train_steps)
+        .where(
+            t.train_steps.c.run == e.run,
+            t.train_steps.c.model == e.model,
+            t.train_steps.c.step == e.step,
+        )
+        .values(pushed_to=e.destination or "pushed")
+    )

@@ -1,0 +1,1 @@
+"""The database schema: tables (SQLAlchemy Core), migrations (Alembic) and SQL views."""

@@ -1,0 +1,239 @@
+"""Every table, declared once. Migrations and queries both import these objects.
+
+Two kinds of table:
+
+- the event log (`events`) and content-addressed `blobs`: append-only, the source of
+  truth; triggers refuse UPDATE and DELETE on them;
+- projections (read models) built from the events inside the same transaction that
+  appends them: runs, rollouts, llm_calls, rewards, groups, group_consumptions,
+  train_steps, trajectory_messages. They can be rebuilt from the events at any time.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# JSONB on PostgreSQL (indexable, queryable with ->>), JSON text on SQLite.
+Json = JSON().with_variant(JSONB(), "postgresql")
+# SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (and AUTOINCREMENT).
+Position = BigInteger().with_variant(Integer(), "sqlite")
+Timestamp = DateTime(timezone=True)
+
+ID = String(64)
+
+# Advisory lock held by every transaction that appends events on PostgreSQL ("artstore" in
+# ASCII). The 0001 migration's position trigger takes it too.
+EVENTS_APPEND_LOCK_KEY = 7021802808247546469
+NAME = String(200)
+
+# --- source of truth ----------------------------------------------------------------------
+
+events = Table(
+    "events",
+    metadata,
+    # Global position: commit-ordered on both databases (see artstore/eventstore/sql.py).
+    Column("position", Position, primary_key=True, autoincrement=True),
+    Column("event_id", String(36), nullable=False, unique=True),
+    Column("stream_id", String(255), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("type", String(100), nullable=False),
+    Column("data", Json, nullable=False),
+    Column("recorded_at", Timestamp, nullable=False),
+    UniqueConstraint("stream_id", "version"),
+    Index(None, "type"),
+    sqlite_autoincrement=True,
+)
+
+blobs = Table(
+    "blobs",
+    metadata,
+    Column("hash", String(64), primary_key=True),  # sha256 of `body`
+    Column("body", Text, nullable=False),  # canonical JSON
+    Column("size", Integer, nullable=False),
+)
+
+# --- projections ----------------------------------------------------------------------------
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run", NAME, primary_key=True),
+    Column("project", NAME, nullable=False),
+    Column("model", NAME, nullable=False),
+    Column("base_model", NAME),
+    Column("validation_model", NAME),
+    Column("scorer", NAME, nullable=False),
+    Column("status", String(20), nullable=False),  # running | finished | failed
+    Column("config", Json, nullable=False),
+    Column("num_scenarios", Integer, nullable=False),
+    Column("trainer", NAME),
+    Column("error", Text),
+    Column("started_at", Timestamp, nullable=False),
+    Column("finished_at", Timestamp),
+)
+
+rollouts = Table(
+    "rollouts",
+    metadata,
+    Column("rollout_id", ID, primary_key=True),
+    Column("run", NAME),
+    Column("group_id", ID),
+    Column("scenario_index", Integer),
+    Column("scenario", Json),
+    Column("model", NAME, nullable=False),
+    Column("role", String(20), nullable=False),  # policy | validation
+    Column("policy_step", Integer),
+    Column("status", String(20), nullable=False),  # running | finished | failed
+    Column("result", Json),
+    Column("error_type", NAME),
+    Column("error_message", Text),
+    Column("num_llm_calls", Integer, nullable=False, default=0),
+    Column("started_at", Timestamp, nullable=False),
+    Column("finished_at", Timestamp),
+    Column("duration_s", Float),
+    Column("imported", Boolean, nullable=False, default=False),
+    Index(None, "run", "status"),
+    Index(None, "group_id"),
+)
+
+llm_calls = Table(
+    "llm_calls",
+    metadata,
+    Column("call_id", ID, primary_key=True),
+    Column("rollout_id", ID, nullable=False),
+    Column("call_index", Integer, nullable=False),
+    Column("model", NAME),
+    Column("prompt_tokens", Integer),
+    Column("completion_tokens", Integer),
+    Column("total_tokens", Integer),
+    Column("latency_s", Float),
+    Column("finish_reason", String(40)),
+    Column("num_input_messages", Integer, nullable=False),
+    Column("tool_calls", Json),  # [{"name": ..., "args": {...}}] requested by the model
+    Column("has_logprobs", Boolean, nullable=False),
+    Column("error_type", NAME),
+    Column("error_message", Text),
+    Column("started_at", Timestamp, nullable=False),
+    Column("position", Position, nullable=False),  # of the llm.call event
+    Index(None, "rollout_id", "call_index"),
+)
+
+groups = Table(
+    "groups",
+    metadata,
+    Column("group_id", ID, primary_key=True),
+    Column("run", NAME),
+    Column("epoch", Integer),
+    Column("batch", Integer),
+    Column("scenario_index", Integer),
+    Column("size", Integer, nullable=False),
+    Column("num_validation", Integer, nullable=False),
+    Column("num_failed", Integer, nullable=False),
+    Column("sealed_at", Timestamp, nullable=False),
+    Column("position", Position, nullable=False),  # of the group.sealed event
+    Index(None, "run", "batch"),
+)
+
+rewards = Table(
+    "rewards",
+    metadata,
+    Column("id", Position, primary_key=True, autoincrement=True),
+    Column("rollout_id", ID, nullable=False),
+    Column("group_id", ID, nullable=False),
+    Column("scorer", NAME, nullable=False),
+    Column("reward", Float, nullable=False),
+    Column("metrics", Json),
+    Column("rescored", Boolean, nullable=False),
+    Column("recorded_at", Timestamp, nullable=False),
+    Column("position", Position, nullable=False),  # of the rewards.recorded event
+    Index(None, "group_id", "scorer"),
+    Index(None, "rollout_id", "scorer"),
+    sqlite_autoincrement=True,
+)
+
+train_steps = Table(
+    "train_steps",
+    metadata,
+    Column("id", Position, primary_key=True, autoincrement=True),
+    Column("run", NAME, nullable=False),
+    Column("model", NAME, nullable=False),
+    Column("step_before", Integer, nullable=False),
+    Column("step", Integer),  # after training; NULL until completed
+    Column("status", String(20), nullable=False),  # started | completed | failed
+    Column("scorer", NAME, nullable=False),
+    Column("group_ids", Json, nullable=False),
+    Column("num_groups", Integer, nullable=False),
+    Column("metrics", Json),
+    Column("checkpoint", Text),
+    Column("pushed_to", Text),
+    Column("reconciled", Boolean, nullable=False, default=False),
+    Column("error_type", NAME),
+    Column("error_message", Text),
+    Column("started_at", Timestamp),
+    Column("finished_at", Timestamp),
+    Column("duration_s", Float),
+    Index(None, "run", "model"),
+    sqlite_autoincrement=True,
+)
+
+# Invariant 4: a group is consumed by a given trained model at most once. Written in the
+# transaction of the train_step.completed event; the primary key refuses a second time.
+group_consumptions = Table(
+    "group_consumptions",
+    metadata,
+    Column("group_id", ID, primary_key=True),
+    Column("model", NAME, primary_key=True),
+    Column("run", NAME, nullable=False),
+    Column("step", Integer, nullable=False),
+    Column("scorer", NAME, nullable=False),
+    Column("consumed_at", Timestamp, nullable=False),
+    Column("position", Position, nullable=False),  # of the train_step.completed event
+)
+
+trajectory_messages = Table(
+    "trajectory_messages",
+    metadata,
+    Column("rollout_id", ID, primary_key=True),
+    Column("history_index", Integer, primary_key=True),  # 0 = messages_and_choices
+    Column("message_index", Integer, primary_key=True),
+    Column("role", String(20), nullable=False),
+    Column("content", Text),
+    Column("trainable", Boolean, nullable=False),
+    Column("tool_calls", Json),
+    Column("tool_call_id", String(100)),
+    Column("num_logprobs", Integer, nullable=False, default=0),
+)
+
+PROJECTION_TABLES = (
+    runs,
+    rollouts,
+    llm_calls,
+    groups,
+    rewards,
+    train_steps,
+    group_consumptions,
+    trajectory_messages,
+)

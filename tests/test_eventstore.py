@@ -1,0 +1,238 @@
+"""The event store's guarantees (issue: event store foundation), on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select, text
+
+import artstore
+from artstore.errors import (
+    DatabaseUnavailableError,
+    DuplicateEventError,
+    ImmutableEventError,
+    InvalidEventError,
+    SchemaTooNewError,
+    UnknownEventTypeError,
+    WrongExpectedVersionError,
+)
+from artstore.events import Event, RewardsRecorded, RunFinished, decode_event
+from artstore.eventstore import NO_STREAM, encode_blob
+from artstore.eventstore.database import translate_error
+from artstore.schema.tables import blobs, events
+
+WORKER = Path(__file__).with_name("append_worker.py")
+
+
+def finished(run: str) -> RunFinished:
+    return RunFinished(run=run)
+
+
+async def count_events(store) -> int:
+    async with store.database.read() as connection:
+        return (await connection.execute(select(func.count()).select_from(events))).scalar()
+
+
+async def test_append_and_read_round_trip(store):
+    first = await store.append("run-a", [finished("a1"), finished("a2")], NO_STREAM)
+    second = await store.append("run-b", [finished("b1")], NO_STREAM)
+    third = await store.append("run-a", [finished("a3")], expected_version=2)
+
+    assert (first.version, second.version, third.version) == (2, 1, 3)
+    stream = await store.read_stream("run-a")
+    assert [e.decode().run for e in stream] == ["a1", "a2", "a3"]
+    assert [e.version for e in stream] == [1, 2, 3]
+    assert [e.decode().run for e in await store.read_stream("run-a", from_version=3)] == ["a3"]
+
+    everything = await store.read_all()
+    assert [e.decode().run for e in everything] == ["a1", "a2", "b1", "a3"]
+    positions = [e.position for e in everything]
+    assert positions == sorted(positions) and len(set(positions)) == 4
+    assert [e.decode().run for e in await store.read_all(after=positions[1])] == ["b1", "a3"]
+    assert [e.position for e in await store.read_all(after=0, limit=2)] == positions[:2]
+    paged = [e async for e in store.iter_all(page_size=1)]
+    assert [e.position for e in paged] == positions
+    assert everything[0].recorded_at.tzinfo is not None
+    assert await store.stream_version("run-a") == 3
+    assert await store.stream_version("run-none") == 0
+    assert await store.last_position() == positions[-1]
+
+
+async def test_two_writers_with_the_same_expected_version(database_url):
+    # Two stores are two independent writers (own engines and connections).
+    async with (
+        await artstore.open_store(database_url) as one,
+        await artstore.open_store(database_url) as two,
+    ):
+        await one.append("run-shared", [finished("base")], NO_STREAM)
+        release = asyncio.Event()
+
+        async def write(store, name):
+            await release.wait()
+            return await store.append("run-shared", [finished(name)], expected_version=1)
+
+        tasks = [asyncio.create_task(write(one, "one")), asyncio.create_task(write(two, "two"))]
+        await asyncio.sleep(0.05)
+        release.set()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+
+        winners = [o for o in outcomes if not isinstance(o, BaseException)]
+        losers = [o for o in outcomes if isinstance(o, BaseException)]
+        assert len(winners) == 1 and len(losers) == 1
+        assert isinstance(losers[0], WrongExpectedVersionError)
+        assert losers[0].actual == 2 and "nothing was written" in str(losers[0])
+
+        loser = two if outcomes[0] is winners[0] else one
+        retried = await loser.append("run-shared", [finished("retry")], expected_version=2)
+        assert retried.version == 3
+        assert len(await one.read_stream("run-shared")) == 3
+
+
+async def test_retried_append_writes_nothing_twice(database_url):
+    batch = [finished("x1"), finished("x2")]
+    async with await artstore.open_store(database_url) as store:
+        first = await store.append("run-x", batch, NO_STREAM)
+        again = await store.append("run-x", batch, NO_STREAM)  # the same event objects
+        assert again.positions == first.positions and not again.written
+    # A retry from another process (nothing cached) is recognised by the database.
+    async with await artstore.open_store(database_url) as other:
+        third = await other.append("run-x", batch, NO_STREAM)
+        assert third.positions == first.positions and not third.written
+        assert await count_events(other) == 2
+
+
+async def test_a_batch_with_one_invalid_event_writes_nothing(store):
+    await store.append("run-y", [finished("y1")], NO_STREAM)
+    stored = finished("y2")
+    await store.append("run-y", [stored])
+
+    nan = RewardsRecorded(group_id="g", scorer="s", rewards={"r": math.nan})
+    with pytest.raises(InvalidEventError, match="JSON"):
+        await store.append("run-y", [finished("y3"), nan])
+
+    class NotDeclared(Event):
+        value: int = 1
+
+    with pytest.raises(UnknownEventTypeError):
+        await store.append("run-y", [finished("y3"), NotDeclared()])
+
+    # Passes every check in Python, but one event id is already stored: the database
+    # refuses the batch and nothing of it is written.
+    with pytest.raises(DuplicateEventError, match="nothing was written"):
+        await store.append("run-y", [finished("y3"), stored])
+
+    assert [e.decode().run for e in await store.read_stream("run-y")] == ["y1", "y2"]
+    assert await count_events(store) == 2
+
+
+async def test_group_commit_takes_apart_a_batch_with_one_conflict(store):
+    await store.append("run-c", [finished("c0")], NO_STREAM)
+    appends = [store.append(f"run-{n}", [finished(str(n))], NO_STREAM) for n in range(63)]
+    appends.append(store.append("run-c", [finished("stale")], expected_version=5))
+    before = store.transactions
+    outcomes = await asyncio.gather(*appends, return_exceptions=True)
+
+    assert all(not isinstance(o, BaseException) for o in outcomes[:63])
+    assert isinstance(outcomes[63], WrongExpectedVersionError)
+    assert await count_events(store) == 64
+    # 64 concurrent single-event appends took a handful of transactions, not 64.
+    assert store.transactions - before <= 4
+
+
+async def test_events_and_blobs_refuse_update_and_delete(store):
+    digest, body = encode_blob({"role": "user", "content": "hi"})
+    await store.append("run-z", [finished("z")], NO_STREAM, blobs={digest: body})
+    statements = [
+        "UPDATE events SET type = 'tampered'",
+        "DELETE FROM events",
+        "UPDATE blobs SET body = '{}'",
+        "DELETE FROM blobs",
+    ]
+    for statement in statements:
+        with pytest.raises(Exception) as raised:
+            async with store.database.write() as connection:
+                await connection.execute(text(statement))
+        assert isinstance(translate_error(raised.value), ImmutableEventError), statement
+    assert [e.decode().run for e in await store.read_all()] == ["z"]
+
+
+async def test_blobs_are_stored_once_by_content(store):
+    digest, body = encode_blob({"role": "system", "content": "be brief"})
+    for n in range(3):
+        await store.append(f"run-{n}", [finished(str(n))], blobs={digest: body})
+    async with await artstore.open_store(str(store.database.url)) as other:
+        await other.append("run-other", [finished("o")], blobs={digest: body})
+    async with store.database.read() as connection:
+        rows = (await connection.execute(select(blobs.c.hash))).all()
+    assert [row.hash for row in rows] == [digest]
+    assert await store.get_blobs([digest, "missing"]) == {digest: body}
+
+
+async def test_catch_up_reader_sees_every_event_once_in_order(database_url):
+    per_writer, writers = 2000, 4
+    async with await artstore.open_store(database_url) as store:
+        # The slow writer starts first: its position is low, its commit late.
+        slow = subprocess.Popen(
+            [sys.executable, str(WORKER), database_url, "run-slow", "1", "--hold", "2"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert slow.stdout is not None and slow.stdout.readline().strip() == "holding"
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(WORKER), database_url, f"run-w{n}", str(per_writer)]
+            )
+            for n in range(writers)
+        ]
+        expected = writers * per_writer + 1
+        seen: list[int] = []
+        ids: set[str] = set()
+        after = 0
+        while len(seen) < expected:
+            page = await store.read_all(after=after, limit=500)
+            for recorded in page:
+                assert recorded.position > after, "positions must strictly increase"
+                assert recorded.event_id not in ids, "an event was seen twice"
+                ids.add(recorded.event_id)
+                seen.append(recorded.position)
+                after = recorded.position
+            if not page:
+                assert any(p.poll() is None for p in [slow, *procs]) or len(seen) == expected, (
+                    f"writers finished but the reader saw {len(seen)} of {expected}"
+                )
+                await asyncio.sleep(0.01)
+        for proc in [slow, *procs]:
+            assert proc.wait(timeout=120) == 0
+        final = await store.read_all(limit=expected + 10)
+        assert [e.position for e in final] == seen
+        assert len(final) == expected
+
+
+async def test_unknown_event_type_is_a_clear_error():
+    with pytest.raises(UnknownEventTypeError, match="newer artstore"):
+        decode_event("from.the.future", {})
+
+
+async def test_a_newer_schema_is_refused(database_url):
+    async with await artstore.open_store(database_url) as store:
+        async with store.database.write() as connection:
+            await connection.execute(text("UPDATE alembic_version SET version_num = '9999_future'"))
+    with pytest.raises(SchemaTooNewError, match="newer artstore"):
+        await artstore.open_store(database_url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://nobody@127.0.0.1:1/none",
+        "sqlite:////proc/artstore-cannot-write-here/x.db",
+    ],
+)
+async def test_an_unreachable_database_is_a_clear_error(url):
+    with pytest.raises(DatabaseUnavailableError, match="cannot reach the database"):
+        await artstore.open_store(url)
