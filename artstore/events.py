@@ -124,21 +124,24 @@ class RolloutStarted(Event):
 class LLMCall(Event):
     """One call of the chat model inside a rollout.
 
-    Messages are LangChain's own JSON serialisation (`message_to_dict`); the input
-    messages and the tool list are stored once each as content-addressed blobs and
-    referenced here by hash, so a growing conversation costs linear storage.
+    Messages are LangChain's own JSON serialisation (`message_to_dict`). The input
+    messages, the output message and the tool list are content-addressed blobs referenced
+    here by hash: the output of one turn is an input of the next, and a growing
+    conversation costs linear storage. What SQL wants of the output is copied here.
     """
 
     call_id: str
     index: int  # order of the call within the rollout
     input: list[str]  # blob hashes of the input messages
-    output: dict[str, JSONValue] | None = None  # message_to_dict of the AIMessage
+    output: str | None = None  # blob hash of message_to_dict(AIMessage); None if it failed
     tools: str | None = None  # blob hash of the OpenAI tool list offered
     model: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     latency_s: float | None = None
     finish_reason: str | None = None
+    tool_calls: list[dict[str, JSONValue]] = []  # [{"id", "name", "args"}] the model asked for
+    num_logprobs: int = 0  # tokens of the output that carry logprobs (0: not trainable)
     error_type: str | None = None
     error_message: str | None = None
     started_at: datetime

@@ -1,15 +1,25 @@
-"""`open_store`: the one entry point of the library."""
+"""`open_store` and `Store`: the one entry point of the library."""
 
 from __future__ import annotations
 
-from sqlalchemy import text
+from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Literal
 
-from artstore.errors import DatabaseUnavailableError
+from sqlalchemy import select, text
+
+from artstore.errors import DatabaseUnavailableError, NotFoundError
 from artstore.eventstore.database import Database, check_reachable, connect, translate_error
 from artstore.eventstore.store import EventStore
 from artstore.projections import project
 from artstore.schema import migrate
+from artstore.schema import tables as t
 from artstore.urls import resolve_url
+
+if TYPE_CHECKING:
+    import art
+
+    from artstore.capture.rollout import Rollout
 
 
 class Store(EventStore):
@@ -18,12 +28,106 @@ class Store(EventStore):
     Open one with `await artstore.open_store(url)`; use it with `async with`.
     """
 
+    # --- capture ------------------------------------------------------------------------
+
+    def rollout(
+        self,
+        model: Any,
+        *,
+        scenario: Any = None,
+        run: str | None = None,
+        group_id: str | None = None,
+        scenario_index: int | None = None,
+        role: Literal["policy", "validation"] = "policy",
+        policy_step: int | None = None,
+        rollout_id: str | None = None,
+    ) -> AbstractAsyncContextManager[Rollout]:
+        """Record a rollout of `model`: `async with store.rollout(model, scenario=s) as r:`.
+
+        See `artstore.capture.rollout` for what is recorded and when it is durable.
+        """
+        from artstore.capture.rollout import rollout
+
+        return rollout(
+            self,
+            model,
+            scenario=scenario,
+            run=run,
+            group_id=group_id,
+            scenario_index=scenario_index,
+            role=role,
+            policy_step=policy_step,
+            rollout_id=rollout_id,
+        )
+
+    # --- projections --------------------------------------------------------------------
+
+    async def trajectory(self, rollout_id: str, *, scorer: str | None = None) -> art.Trajectory:
+        """The `art.Trajectory` of a rollout, projected from its events.
+
+        Its reward is the latest one recorded by `scorer` (by any scorer when None; 0.0
+        when there is none), with that scorer's metrics merged into the rollout's.
+        """
+        found = await self.trajectories([rollout_id], scorer=scorer)
+        return found[rollout_id]
+
+    async def trajectories(
+        self, rollout_ids: Iterable[str], *, scorer: str | None = None
+    ) -> dict[str, art.Trajectory]:
+        """Several trajectories at once (one query for all their events and messages)."""
+        from artstore.projections.trajectories import (
+            build_trajectory,
+            load_calls,
+            merge_conversations,
+        )
+
+        ids = list(dict.fromkeys(rollout_ids))
+        streams = await self.read_streams(f"rollout-{rollout_id}" for rollout_id in ids)
+        async with self.database.read() as connection:
+            calls = await load_calls(connection, ids)
+            rewards = await latest_rewards(connection, ids, scorer)
+        result = {}
+        for rollout_id in ids:
+            recorded = streams[f"rollout-{rollout_id}"]
+            if not recorded:
+                raise NotFoundError(f"no rollout {rollout_id!r} in this store")
+            started = recorded[0].decode()
+            finished = next((e.decode() for e in recorded if e.type == "rollout.finished"), None)
+            reward, reward_metrics = rewards.get(rollout_id, (0.0, {}))
+            result[rollout_id] = build_trajectory(
+                merge_conversations(calls[rollout_id]),
+                reward=reward,
+                metrics={**(getattr(finished, "metrics", None) or {}), **reward_metrics},
+                metadata=getattr(finished, "metadata", None) or {},
+                logs=getattr(finished, "logs", None) or [],
+                policy_step=getattr(started, "policy_step", None),
+            )
+        return result
+
     async def rebuild_projections(self) -> int:
         """Recompute every projection table from the event log; returns the events replayed."""
         from artstore.projections import rebuild
 
         await self.flush()
         return await self.database.run_write(rebuild)
+
+
+async def latest_rewards(
+    connection: Any, rollout_ids: list[str], scorer: str | None
+) -> dict[str, tuple[float, dict[str, Any]]]:
+    """The latest (reward, metrics) of each rollout by `scorer` (any scorer when None)."""
+    found: dict[str, tuple[float, dict[str, Any]]] = {}
+    for start in range(0, len(rollout_ids), 500):
+        query = (
+            select(t.rewards.c.rollout_id, t.rewards.c.reward, t.rewards.c.metrics)
+            .where(t.rewards.c.rollout_id.in_(rollout_ids[start : start + 500]))
+            .order_by(t.rewards.c.position)
+        )
+        if scorer is not None:
+            query = query.where(t.rewards.c.scorer == scorer)
+        for row in await connection.execute(query):  # later rows replace earlier ones
+            found[row.rollout_id] = (row.reward, dict(row.metrics or {}))
+    return found
 
 
 async def open_store(url: str | None = None, *, migrate_schema: bool = True) -> Store:

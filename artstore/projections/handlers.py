@@ -26,6 +26,7 @@ from artstore.events import (
     TrainStepStarted,
 )
 from artstore.eventstore.store import RecordedEvent, recorded_from_row
+from artstore.projections.trajectories import load_calls, merge_conversations, message_rows
 from artstore.schema import tables as t
 
 Handler = Callable[[AsyncConnection, Any, RecordedEvent], Awaitable[None]]
@@ -135,12 +136,6 @@ async def _rollout_started(c: AsyncConnection, e: RolloutStarted, r: RecordedEve
 @handles(LLMCall)
 async def _llm_call(c: AsyncConnection, e: LLMCall, r: RecordedEvent) -> None:
     rollout_id = r.stream_id.removeprefix("rollout-")
-    output = (e.output or {}).get("data", {})
-    tool_calls = [
-        {"name": call.get("name"), "args": call.get("args")}
-        for call in output.get("tool_calls") or []
-    ]
-    logprobs = (output.get("response_metadata") or {}).get("logprobs")
     prompt, completion = e.prompt_tokens, e.completion_tokens
     await c.execute(
         t.llm_calls.insert().values(
@@ -154,8 +149,9 @@ async def _llm_call(c: AsyncConnection, e: LLMCall, r: RecordedEvent) -> None:
             latency_s=e.latency_s,
             finish_reason=e.finish_reason,
             num_input_messages=len(e.input),
-            tool_calls=tool_calls or None,
-            has_logprobs=bool(logprobs),
+            tool_calls=[{"name": tc["name"], "args": tc.get("args")} for tc in e.tool_calls]
+            or None,
+            has_logprobs=e.num_logprobs > 0,
             error_type=e.error_type,
             error_message=e.error_message,
             started_at=e.started_at,
@@ -178,6 +174,14 @@ async def _rollout_finished(c: AsyncConnection, e: RolloutFinished, r: RecordedE
             status="finished", result=e.result, finished_at=r.recorded_at, duration_s=e.duration_s
         )
     )
+    await _project_trajectory_messages(c, e.rollout_id)
+
+
+async def _project_trajectory_messages(c: AsyncConnection, rollout_id: str) -> None:
+    calls = (await load_calls(c, [rollout_id]))[rollout_id]
+    rows = message_rows(rollout_id, merge_conversations(calls))
+    if rows:
+        await c.execute(t.trajectory_messages.insert(), rows)
 
 
 @handles(RolloutFailed)
