@@ -26,6 +26,18 @@ from artstore.store import Store, open_store
 
 __version__ = "0.1.0"
 
+_TRAINING = {"TrainingFramework", "TrainingConfig", "train", "RunSummary"}
+
+
+def __getattr__(name: str):
+    # The training layer imports ART, which is slow: load it only when asked for.
+    if name in _TRAINING:
+        from artstore import training
+
+        return getattr(training, name)
+    raise AttributeError(f"module 'artstore' has no attribute {name!r}")
+
+
 __all__ = [
     "ANY",
     "NO_STREAM",
@@ -34,9 +46,13 @@ __all__ = [
     "DatabaseUnavailableError",
     "GroupAlreadyConsumedError",
     "RecordedEvent",
+    "RunSummary",
     "SchemaTooNewError",
     "Store",
+    "TrainingConfig",
+    "TrainingFramework",
     "WrongExpectedVersionError",
     "__version__",
     "open_store",
+    "train",
 ]

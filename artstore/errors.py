@@ -86,3 +86,11 @@ class RewardFunctionError(ArtstoreError):
 
 class StoreClosedError(ArtstoreError):
     """The store was closed; open a new one."""
+
+
+class QueryRefusedError(ArtstoreError, ValueError):
+    """An analysis query tried to change the database, or held more than one statement."""
+
+
+class QueryError(ArtstoreError):
+    """The database could not run an analysis query (a syntax error, an unknown column...)."""

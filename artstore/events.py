@@ -93,6 +93,7 @@ class RunResumed(Event):
     run: str
     trainer: str
     at_step: int
+    config: dict[str, JSONValue] | None = None  # when the epochs changed
 
 
 @event_type("run.finished")

@@ -104,6 +104,27 @@ class Store(EventStore):
             )
         return result
 
+    # --- training -----------------------------------------------------------------------
+
+    async def replay(self, run: str, model: art.TrainableModel, **options: Any):
+        """Train `model` on the sealed groups of `run` it has not consumed.
+
+        Options: scorer, max_staleness, groups_per_step, dry_run, train_kwargs, on_step.
+        See `artstore.training.replay.replay`.
+        """
+        from artstore.training.replay import replay
+
+        return await replay(self, run, model, **options)
+
+    async def rescore(self, run: str, reward_function: Any, scorer: str, **options: Any):
+        """Score the groups of `run` again with `reward_function`, recorded as `scorer`.
+
+        See `artstore.training.rescore.rescore`.
+        """
+        from artstore.training.rescore import rescore
+
+        return await rescore(self, run, reward_function, scorer, **options)
+
     async def rebuild_projections(self) -> int:
         """Recompute every projection table from the event log; returns the events replayed."""
         from artstore.projections import rebuild

@@ -8,6 +8,7 @@ fails half-way for lack of the lock. PostgreSQL: one asyncpg pool for both.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -135,6 +136,7 @@ def _sqlite_engine(url: URL, *, begin: str, pool_size: int) -> AsyncEngine:
         # lose the last transactions.
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        _ensure_sqrt(dbapi_connection, cursor)
         cursor.close()
 
     @event.listens_for(engine.sync_engine, "begin")
@@ -142,6 +144,21 @@ def _sqlite_engine(url: URL, *, begin: str, pool_size: int) -> AsyncEngine:
         connection.exec_driver_sql(begin)
 
     return engine
+
+
+def _ensure_sqrt(dbapi_connection, cursor) -> None:
+    """The SQL views use `sqrt`: SQLite has it only when built with its math functions."""
+    try:
+        cursor.execute("SELECT sqrt(4.0)")
+    except Exception:  # sqlite3.OperationalError: no such function, through the adapter
+        dbapi_connection.create_function("sqrt", 1, _sqrt, deterministic=True)
+
+
+def _sqrt(value: float | None) -> float | None:
+    # As SQLite's own: NULL for NULL, a negative number or something not a number.
+    if not isinstance(value, int | float) or value < 0:
+        return None
+    return math.sqrt(value)
 
 
 async def check_reachable(database: Database) -> None:

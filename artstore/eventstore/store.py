@@ -429,6 +429,17 @@ async def _stream_heads(connection: AsyncConnection, stream_ids: set[str]) -> di
 
 
 async def _insert_events(connection: AsyncConnection, rows: list[dict[str, Any]]) -> list[int]:
+    if connection.dialect.name == "sqlite":
+        # SQLAlchemy cannot batch an ordered RETURNING on SQLite (it sends one INSERT per
+        # row, each a thread hop of aiosqlite): insert in batched statements, unordered, and
+        # match positions by event id (unique in a successful insert). The one writer
+        # numbers rows in the order given; checked, since SQLite does not promise it.
+        statement = events.insert().returning(events.c.event_id, events.c.position)
+        by_id = dict((await connection.execute(statement, rows)).all())
+        positions = [by_id[row["event_id"]] for row in rows]
+        if positions != sorted(set(positions)):
+            raise ArtstoreError("SQLite numbered a batch of events out of order; nothing written")
+        return positions
     statement = events.insert().returning(events.c.position, sort_by_parameter_order=True)
     return [row.position for row in await connection.execute(statement, rows)]
 

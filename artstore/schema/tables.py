@@ -11,6 +11,8 @@ Two kinds of table:
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -27,6 +29,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
 
 metadata = MetaData(
     naming_convention={
@@ -40,7 +44,23 @@ metadata = MetaData(
 Json = JSON().with_variant(JSONB(), "postgresql")
 # SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (and AUTOINCREMENT).
 Position = BigInteger().with_variant(Integer(), "sqlite")
-Timestamp = DateTime(timezone=True)
+
+
+class Timestamp(TypeDecorator):
+    """`DateTime(timezone=True)`, always written in UTC.
+
+    SQLite keeps no zone: a time with an offset would be stored as its wall-clock time and
+    no longer compare with the others (nor match PostgreSQL, which converts to UTC itself).
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            return value.astimezone(UTC)
+        return value
+
 
 ID = String(64)
 

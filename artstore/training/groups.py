@@ -1,0 +1,213 @@
+"""Trajectory groups from the store: sealing them with rewards, and loading them for ART."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from artstore.errors import NotFoundError, RewardFunctionError
+from artstore.events import GroupSealed, RewardsRecorded
+from artstore.schema import tables as t
+
+if TYPE_CHECKING:
+    import art
+
+    from artstore.store import Store
+
+# Group ids of a run are derived from (run, epoch, scenario), so a resumed run finds them.
+_GROUP_NAMESPACE = uuid.UUID("3f9a4f0e-6c1b-4b8e-9a59-0d4b1c2e7a10")
+
+
+def group_id_for(run: str, epoch: int, scenario_index: int) -> str:
+    return str(uuid.uuid5(_GROUP_NAMESPACE, f"{run}\x00{epoch}\x00{scenario_index}"))
+
+
+def group_stream(group_id: str) -> str:
+    return f"group-{group_id}"
+
+
+@dataclass
+class GroupRollouts:
+    """What a group's rollouts are, from the rollouts projection."""
+
+    policy: list[str] = field(default_factory=list)  # finished, in start order
+    validation: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    results: dict[str, Any] = field(default_factory=dict)
+
+
+async def group_rollouts(store: Store, group_id: str) -> GroupRollouts:
+    query = (
+        select(t.rollouts.c.rollout_id, t.rollouts.c.role, t.rollouts.c.status, t.rollouts.c.result)
+        .where(t.rollouts.c.group_id == group_id)
+        .order_by(t.rollouts.c.started_at, t.rollouts.c.rollout_id)
+    )
+    found = GroupRollouts()
+    async with store.database.read() as connection:
+        for row in await connection.execute(query):
+            if row.status == "finished":
+                (found.policy if row.role == "policy" else found.validation).append(row.rollout_id)
+                found.results[row.rollout_id] = row.result
+            elif row.status == "failed":
+                found.failed.append(row.rollout_id)
+    return found
+
+
+async def sealed_groups(store: Store, group_ids: Sequence[str]) -> dict[str, GroupSealed]:
+    """The `group.sealed` event of each group that has one."""
+    streams = await store.read_streams(group_stream(g) for g in group_ids)
+    sealed = {}
+    for group_id in group_ids:
+        for recorded in streams[group_stream(group_id)]:
+            if recorded.type == GroupSealed.type:
+                sealed[group_id] = recorded.decode()
+    return sealed
+
+
+def check_rewards(rewards: Any, expected: int, where: str) -> list[float]:
+    """The rewards as floats, or a RewardFunctionError that says what is wrong."""
+    if inspect.isawaitable(rewards):
+        raise RewardFunctionError(f"{where}: the reward function returned an unawaited coroutine")
+    try:
+        values = list(rewards)
+    except TypeError:
+        raise RewardFunctionError(
+            f"{where}: the reward function must return a list of numbers, got "
+            f"{type(rewards).__name__}"
+        ) from None
+    if len(values) != expected:
+        raise RewardFunctionError(
+            f"{where}: the reward function returned {len(values)} rewards for {expected} "
+            "trajectories (one reward per trajectory, in order)"
+        )
+    checked = []
+    for index, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RewardFunctionError(f"{where}: reward {index} is {value!r}, not a number")
+        if not math.isfinite(value):
+            raise RewardFunctionError(f"{where}: reward {index} is {value}, not a finite number")
+        checked.append(float(value))
+    return checked
+
+
+async def call_reward_function(
+    reward_function: Callable[..., Any],
+    scenario: Any,
+    results: list[Any],
+    trajectories: list[art.Trajectory],
+    where: str,
+) -> list[float]:
+    """Call the seed-style `reward_function(scenario, results, trajectories)` safely."""
+    try:
+        rewards = reward_function(scenario, results, trajectories)
+        if inspect.isawaitable(rewards):
+            rewards = await rewards
+    except Exception as exc:
+        raise RewardFunctionError(
+            f"{where}: the reward function raised {type(exc).__name__}: {exc}"
+        ) from exc
+    return check_rewards(rewards, len(trajectories), where)
+
+
+def win_metrics(
+    policy_rewards: list[float], validation_rewards: list[float]
+) -> list[dict[str, float | int]]:
+    """Each policy trajectory's wins against the validation trajectories (ties count)."""
+    if not validation_rewards:
+        return [{} for _ in policy_rewards]
+    metrics = []
+    for reward in policy_rewards:
+        wins = sum(1 for other in validation_rewards if reward >= other)
+        metrics.append({"wins": wins, "win_rate": wins / len(validation_rewards)})
+    return metrics
+
+
+def rewards_event(
+    group_id: str,
+    scorer: str,
+    policy: list[str],
+    validation: list[str],
+    rewards: list[float],
+    *,
+    rescored: bool,
+) -> RewardsRecorded:
+    policy_rewards, validation_rewards = rewards[: len(policy)], rewards[len(policy) :]
+    metrics = win_metrics(policy_rewards, validation_rewards)
+    return RewardsRecorded(
+        group_id=group_id,
+        scorer=scorer,
+        rewards=dict(zip([*policy, *validation], rewards, strict=True)),
+        metrics={rid: m for rid, m in zip(policy, metrics, strict=True) if m},
+        rescored=rescored,
+    )
+
+
+async def load_groups(
+    store: Store, group_ids: Sequence[str], scorer: str
+) -> list[art.TrajectoryGroup]:
+    """ART trajectory groups (policy rollouts only) with the rewards of `scorer`."""
+    import art
+
+    sealed = await sealed_groups(store, group_ids)
+    missing = [g for g in group_ids if g not in sealed]
+    if missing:
+        raise NotFoundError(f"group {missing[0]} is not sealed; it cannot be trained")
+    all_ids = [rid for g in group_ids for rid in sealed[g].rollout_ids]
+    trajectories = await store.trajectories(all_ids, scorer=scorer)
+    scored = await scored_rollouts(store, all_ids, scorer)
+    groups = []
+    for group_id in group_ids:
+        event = sealed[group_id]
+        unscored = [rid for rid in event.rollout_ids if rid not in scored]
+        if unscored:
+            raise NotFoundError(
+                f"group {group_id} has no reward by scorer {scorer!r} "
+                f"(score it with `artstore rescore --scorer {scorer}`)"
+            )
+        metadata = {"group_id": group_id, "run": event.run, "scenario_index": event.scenario_index}
+        groups.append(
+            art.TrajectoryGroup(
+                [trajectories[rid] for rid in event.rollout_ids],
+                metadata={k: v for k, v in metadata.items() if v is not None},
+            )
+        )
+    return groups
+
+
+async def scored_rollouts(store: Store, rollout_ids: list[str], scorer: str) -> set[str]:
+    found: set[str] = set()
+    async with store.database.read() as connection:
+        for start in range(0, len(rollout_ids), 500):
+            query = select(t.rewards.c.rollout_id).where(
+                t.rewards.c.rollout_id.in_(rollout_ids[start : start + 500]),
+                t.rewards.c.scorer == scorer,
+            )
+            found.update(row.rollout_id for row in await connection.execute(query))
+    return found
+
+
+def sealed_event(
+    group_id: str,
+    *,
+    run: str | None,
+    epoch: int | None,
+    batch: int | None,
+    scenario_index: int | None,
+    rollouts: GroupRollouts,
+) -> GroupSealed:
+    return GroupSealed(
+        group_id=group_id,
+        run=run,
+        epoch=epoch,
+        batch=batch,
+        scenario_index=scenario_index,
+        rollout_ids=rollouts.policy,
+        validation_rollout_ids=rollouts.validation,
+        failed_rollout_ids=rollouts.failed,
+    )

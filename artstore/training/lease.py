@@ -1,0 +1,65 @@
+"""One trainer per run: a second trainer started on the same run gets a clear error.
+
+The lease is a lock the operating system or the database releases when the process dies
+(SIGKILL included), so a crashed trainer never blocks its own resume:
+- PostgreSQL: a session-level advisory lock held on a dedicated connection;
+- SQLite: an exclusive `flock` on a file beside the database.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from sqlalchemy import text
+
+from artstore.errors import TrainerConflictError
+from artstore.eventstore.database import Database
+
+
+def _lock_key(run: str, model: str) -> int:
+    digest = hashlib.sha256(f"artstore-run:{run}\x00{model}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # a positive bigint
+
+
+def _conflict(run: str, model: str) -> TrainerConflictError:
+    return TrainerConflictError(
+        f"run {run!r} is being trained into {model} by another process; wait for it to "
+        "finish or stop it (a crashed trainer releases the run by itself)"
+    )
+
+
+@asynccontextmanager
+async def trainer_lease(database: Database, run: str, model: str) -> AsyncIterator[None]:
+    """Hold (run, trained model) for this process, or raise TrainerConflictError at once.
+
+    Training model B on run A's groups (a replay) does not conflict with A's trainer.
+    """
+    key = _lock_key(run, model)
+    if database.dialect == "postgresql":
+        async with database.write_engine.connect() as connection:
+            got = (await connection.execute(text(f"SELECT pg_try_advisory_lock({key})"))).scalar()
+            await connection.commit()
+            if not got:
+                raise _conflict(run, model)
+            try:
+                yield
+            finally:
+                await connection.execute(text(f"SELECT pg_advisory_unlock({key})"))
+                await connection.commit()
+        return
+    database_file = Path(database.url.database or "artstore.db")
+    lock_path = database_file.with_name(f"{database_file.name}.run-{key:x}.lock")
+    handle = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _conflict(run, model) from None
+        yield
+    finally:
+        os.close(handle)  # closing releases the lock

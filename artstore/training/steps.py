@@ -1,0 +1,239 @@
+"""Train steps: feeding sealed groups to `backend.train`, recorded so that none runs twice.
+
+A step is `train_step.started`, then ART's `backend.train`, then `train_step.completed`
+written in the same transaction as the consumption of its groups (invariant 4). A crash
+between `backend.train` returning and the completion being written is reconciled on the
+next start with the backend's own step, and the reconciliation is itself an event
+(invariant 5).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from artstore.errors import ArtstoreError
+from artstore.events import CheckpointPushed, TrainStepCompleted, TrainStepFailed, TrainStepStarted
+from artstore.schema import tables as t
+from artstore.training.groups import load_groups
+
+if TYPE_CHECKING:
+    import art
+
+    from artstore.store import Store
+
+log = logging.getLogger("artstore.training")
+
+
+class TrainStepError(ArtstoreError):
+    """`backend.train` raised; the step was recorded as failed and its groups stay unconsumed."""
+
+
+def model_key(model: Any) -> str:
+    """How a trained model is named in the store: "project/name"."""
+    return f"{model.project}/{model.name}"
+
+
+def trainer_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def train_stream(run: str) -> str:
+    return f"train-{run}"
+
+
+async def consumed_groups(store: Store, model: Any, group_ids: Sequence[str]) -> set[str]:
+    """Which of `group_ids` were already trained into `model`."""
+    found: set[str] = set()
+    async with store.database.read() as connection:
+        for start in range(0, len(group_ids), 500):
+            query = select(t.group_consumptions.c.group_id).where(
+                t.group_consumptions.c.model == model_key(model),
+                t.group_consumptions.c.group_id.in_(list(group_ids[start : start + 500])),
+            )
+            found.update(row.group_id for row in await connection.execute(query))
+    return found
+
+
+async def reconcile(store: Store, run: str, model: art.TrainableModel) -> str | None:
+    """Settle a step left open by a crash, with the backend's step. Returns what was done."""
+    query = (
+        select(t.train_steps)
+        .where(
+            t.train_steps.c.run == run,
+            t.train_steps.c.model == model_key(model),
+            t.train_steps.c.status == "started",
+        )
+        .order_by(t.train_steps.c.id.desc())
+        .limit(1)
+    )
+    async with store.database.read() as connection:
+        open_step = (await connection.execute(query)).first()
+    if open_step is None:
+        return None
+    backend_step = await model.get_step()
+    if backend_step > open_step.step_before:
+        # backend.train returned but the trainer died before recording it.
+        await store.append(
+            train_stream(run),
+            [
+                TrainStepCompleted(
+                    run=run,
+                    model=model_key(model),
+                    step=backend_step,
+                    group_ids=list(open_step.group_ids),
+                    scorer=open_step.scorer,
+                    reconciled=True,
+                )
+            ],
+        )
+        return f"step {backend_step} was trained before a crash; recorded it"
+    await store.append(
+        train_stream(run),
+        [
+            TrainStepFailed(
+                run=run,
+                model=model_key(model),
+                step=open_step.step_before,
+                group_ids=list(open_step.group_ids),
+                error_type="TrainerStopped",
+                error_message="the trainer stopped before backend.train returned; "
+                "its groups are trained again",
+            )
+        ],
+    )
+    return f"step {open_step.step_before + 1} did not finish before a crash; it is retried"
+
+
+async def train_groups(
+    store: Store,
+    *,
+    run: str,
+    model: art.TrainableModel,
+    group_ids: Sequence[str],
+    scorer: str,
+    train_kwargs: dict[str, Any] | None = None,
+) -> art.TrainResult:
+    """One train step on `group_ids`: recorded, trained, logged, and its checkpoint pushed."""
+    groups = await load_groups(store, group_ids, scorer)
+    step_before = await model.get_step()
+    await store.append(
+        train_stream(run),
+        [
+            TrainStepStarted(
+                run=run,
+                model=model_key(model),
+                step=step_before,
+                group_ids=list(group_ids),
+                scorer=scorer,
+                trainer=trainer_id(),
+            )
+        ],
+    )
+    clock = time.monotonic()
+    try:
+        result = await model.backend().train(model, groups, **(train_kwargs or {}))
+    except Exception as exc:
+        await store.append(
+            train_stream(run),
+            [
+                TrainStepFailed(
+                    run=run,
+                    model=model_key(model),
+                    step=step_before,
+                    group_ids=list(group_ids),
+                    error_type=type(exc).__name__,
+                    error_message=str(exc),
+                )
+            ],
+        )
+        raise TrainStepError(
+            f"backend.train failed at step {step_before + 1} of run {run!r}: "
+            f"{type(exc).__name__}: {exc} (the groups stay unconsumed; resume to retry)"
+        ) from exc
+    checkpoint = getattr(result, "checkpoint_path", None) or getattr(result, "artifact_name", None)
+    await store.append(
+        train_stream(run),
+        [
+            TrainStepCompleted(
+                run=run,
+                model=model_key(model),
+                step=result.step,
+                group_ids=list(group_ids),
+                scorer=scorer,
+                metrics=_finite_metrics(result.metrics),
+                duration_s=time.monotonic() - clock,
+                checkpoint=checkpoint,
+            )
+        ],
+    )
+    try:
+        await model.log(groups, metrics=result.metrics, step=result.step, split="train")
+    except Exception as exc:  # ART's own logging must not undo a recorded step
+        log.warning("model.log failed after step %s: %s", result.step, exc)
+    await push_checkpoint(store, run=run, model=model, step=result.step)
+    return result
+
+
+def can_push(model: Any) -> bool:
+    backend = model.backend()
+    return hasattr(backend, "_experimental_push_to_s3") and getattr(backend, "can_push", True)
+
+
+async def push_checkpoint(store: Store, *, run: str, model: Any, step: int) -> bool:
+    """Push the checkpoint as the seed did (`_experimental_push_to_s3`) when the backend can."""
+    if not can_push(model):
+        return False
+    try:
+        await model.backend()._experimental_push_to_s3(model)
+    except Exception as exc:  # a failed upload is retried on resume, not fatal to training
+        log.warning("checkpoint push failed at step %s: %s", step, exc)
+        return False
+    destination = getattr(model.backend(), "push_destination", None)
+    await store.append(
+        train_stream(run),
+        [
+            CheckpointPushed(
+                run=run,
+                model=model_key(model),
+                step=step,
+                destination=str(destination(model)) if callable(destination) else None,
+            )
+        ],
+    )
+    return True
+
+
+async def push_if_missing(store: Store, run: str, model: Any) -> None:
+    """After a crash during a push: push the latest completed step that was not pushed."""
+    if not can_push(model):
+        return
+    query = (
+        select(t.train_steps.c.step, t.train_steps.c.pushed_to)
+        .where(
+            t.train_steps.c.run == run,
+            t.train_steps.c.model == model_key(model),
+            t.train_steps.c.status == "completed",
+        )
+        .order_by(t.train_steps.c.id.desc())
+        .limit(1)
+    )
+    async with store.database.read() as connection:
+        latest = (await connection.execute(query)).first()
+    if latest is not None and latest.pushed_to is None:
+        await push_checkpoint(store, run=run, model=model, step=latest.step)
+
+
+def _finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in (metrics or {}).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
