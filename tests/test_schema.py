@@ -1,0 +1,90 @@
+"""Schema through Alembic only, the `artstore db` commands, and a quick import."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import text
+from typer.testing import CliRunner
+
+import artstore
+from artstore.cli import app
+from artstore.schema import migrate
+from artstore.schema.tables import metadata
+
+
+async def test_migrations_create_exactly_the_declared_tables(store):
+    def differences(connection):
+        context = MigrationContext.configure(connection, opts={"compare_type": False})
+        return compare_metadata(context, metadata)
+
+    async with store.database.read() as connection:
+        diff = await connection.run_sync(differences)
+    assert diff == []
+
+
+def test_db_upgrade_and_current(database_url):
+    runner = CliRunner()
+    before = runner.invoke(app, ["db", "current", "--url", database_url])
+    assert before.exit_code == 0 and "empty" in before.output
+
+    upgraded = runner.invoke(app, ["db", "upgrade", "--url", database_url])
+    assert upgraded.exit_code == 0, upgraded.output
+    assert migrate.head_revision() in upgraded.output
+
+    current = runner.invoke(app, ["db", "current", "--url", database_url])
+    assert current.exit_code == 0
+    assert current.output.startswith(migrate.head_revision()) and "up to date" in current.output
+
+
+def test_db_commands_refuse_a_newer_schema(database_url):
+    async def stamp_a_future_revision() -> None:
+        async with await artstore.open_store(database_url) as store:
+            async with store.database.write() as connection:
+                await connection.execute(text("UPDATE alembic_version SET version_num = 'ffff'"))
+
+    asyncio.run(stamp_a_future_revision())
+    result = CliRunner().invoke(app, ["db", "upgrade", "--url", database_url])
+    assert result.exit_code == 1
+    assert "newer artstore" in result.output and "Traceback" not in result.output
+
+
+async def test_opening_without_migration_refuses_an_empty_or_old_database(database_url):
+    store = await artstore.open_store(database_url, migrate_schema=False)
+    await store.close()  # an empty database is left empty, not refused
+    async with await artstore.open_store(database_url) as store:
+        async with store.database.write() as connection:
+            await connection.execute(text("UPDATE alembic_version SET version_num = '0001'"))
+    if migrate.head_revision() != "0001":
+        from artstore.errors import SchemaOutdatedError
+
+        try:
+            await artstore.open_store(database_url, migrate_schema=False)
+        except SchemaOutdatedError as exc:
+            assert "artstore db upgrade" in str(exc)
+        else:
+            raise AssertionError("an outdated schema was accepted")
+
+
+def test_an_unreachable_database_in_the_cli_is_one_line():
+    result = CliRunner().invoke(app, ["db", "current", "--url", "postgresql://x@127.0.0.1:1/y"])
+    assert result.exit_code == 1
+    assert "cannot reach the database" in result.output and "Traceback" not in result.output
+
+
+def test_importing_artstore_and_its_help_do_not_import_art():
+    code = (
+        "import sys, artstore, artstore.cli; "
+        "from typer.testing import CliRunner; "
+        "r = CliRunner().invoke(artstore.cli.app, ['--help']); "
+        "assert r.exit_code == 0; "
+        "print('art' in sys.modules, 'litellm' in sys.modules)"
+    )
+    output = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert output.split() == ["False", "False"]
