@@ -16,6 +16,27 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
+class EncodedJson(str):
+    """JSON text already encoded (and checked), with the document it encodes.
+
+    The store encodes each payload once, to refuse what is not JSON before anything is
+    queued; the engines' serializer passes this text through instead of encoding again.
+    """
+
+    document: Any
+
+    @classmethod
+    def of(cls, value: Any) -> EncodedJson:
+        encoded = cls(canonical_json(value))
+        encoded.document = value
+        return encoded
+
+
+def serialize(value: Any) -> str:
+    """The engines' JSON serializer."""
+    return value if isinstance(value, EncodedJson) else canonical_json(value)
+
+
 def blob_hash(body: str) -> str:
     return hashlib.sha256(body.encode()).hexdigest()
 

@@ -24,7 +24,7 @@ from artstore.errors import (
     GroupAlreadyConsumedError,
     ImmutableEventError,
 )
-from artstore.eventstore.blobs import canonical_json
+from artstore.eventstore.blobs import serialize
 from artstore.urls import redact
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
@@ -45,24 +45,34 @@ class Database:
         return redact(self.url)
 
     @asynccontextmanager
-    async def write(self) -> AsyncIterator[AsyncConnection]:
-        """A write transaction (BEGIN IMMEDIATE on SQLite), retried while SQLite is busy."""
-        async with self.write_engine.begin() as connection:
-            yield connection
+    async def write(
+        self, connection: AsyncConnection | None = None
+    ) -> AsyncIterator[AsyncConnection]:
+        """A write transaction (BEGIN IMMEDIATE on SQLite), on `connection` or a pooled one."""
+        if connection is not None:
+            async with connection.begin():
+                yield connection
+            return
+        async with self.write_engine.begin() as pooled:
+            yield pooled
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
         async with self.read_engine.connect() as connection:
             yield connection
 
-    async def run_write(self, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    async def run_write(
+        self,
+        work: Callable[[AsyncConnection], Awaitable[T]],
+        connection: AsyncConnection | None = None,
+    ) -> T:
         """Run `work` in one write transaction, retrying when another process holds SQLite."""
         deadline = asyncio.get_running_loop().time() + SQLITE_BUSY_TIMEOUT_S
         delay = 0.005
         while True:
             try:
-                async with self.write() as connection:
-                    return await work(connection)
+                async with self.write(connection) as active:
+                    return await work(active)
             except OperationalError as exc:
                 if not is_busy(exc) or asyncio.get_running_loop().time() > deadline:
                     raise translate_error(exc, self) from exc
@@ -104,14 +114,16 @@ def connect(url: URL) -> Database:
     """Engines for `url` (an async URL from `artstore.urls.resolve_url`)."""
     dialect = url.get_backend_name()
     if dialect == "sqlite":
-        write_engine = _sqlite_engine(url, begin="BEGIN IMMEDIATE", pool_size=1)
+        # Two write connections: the store's writer keeps one; migrations, maintenance and
+        # tests take the other. SQLite itself lets one write at a time.
+        write_engine = _sqlite_engine(url, begin="BEGIN IMMEDIATE", pool_size=2)
         read_engine = _sqlite_engine(url, begin="BEGIN", pool_size=4)
         return Database(url, dialect, write_engine, read_engine)
     engine = create_async_engine(
         url,
         pool_size=8,
         max_overflow=8,
-        json_serializer=canonical_json,
+        json_serializer=serialize,
         connect_args={"timeout": 10},
     )
     return Database(url, dialect, engine, engine)
@@ -122,7 +134,7 @@ def _sqlite_engine(url: URL, *, begin: str, pool_size: int) -> AsyncEngine:
         url,
         pool_size=pool_size,
         max_overflow=0,
-        json_serializer=canonical_json,
+        json_serializer=serialize,
         connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
     )
 

@@ -30,13 +30,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from artstore.errors import (
     ArtstoreError,
+    DatabaseUnavailableError,
     DuplicateEventError,
     InvalidEventError,
     StoreClosedError,
     WrongExpectedVersionError,
 )
 from artstore.events import Event, decode_event, encode_event
-from artstore.eventstore.blobs import canonical_json
+from artstore.eventstore.blobs import EncodedJson
 from artstore.eventstore.database import Database, translate_error
 from artstore.schema.tables import EVENTS_APPEND_LOCK_KEY, blobs, events
 
@@ -104,6 +105,7 @@ class EventStore:
         self._heads: OrderedDict[str, int] = OrderedDict()
         self._stored_blobs: OrderedDict[str, None] = OrderedDict()
         self.transactions = 0  # write transactions committed: group commit at work
+        self._connection: AsyncConnection | None = None  # the writer's own
 
     @property
     def dialect(self) -> str:
@@ -202,26 +204,31 @@ class EventStore:
                     self._queue.task_done()
 
     async def _write_batch(self, batch: list[_Append]) -> None:
-        async def transaction(connection: AsyncConnection) -> None:
+        async def fast(connection: AsyncConnection) -> None:
             for item in batch:
                 item.result, item.error, item.recorded = None, None, []
-            if self.dialect == "postgresql":
-                await connection.execute(select(func.pg_advisory_xact_lock(EVENTS_APPEND_LOCK_KEY)))
-            try:
-                async with connection.begin_nested():
-                    await self._write_fast(connection, batch)
-            except (IntegrityError, WrongExpectedVersionError):
-                # Take the batch apart: each append alone, checked against the database.
-                for item in batch:
-                    item.result, item.error, item.recorded = None, None, []
-                    try:
-                        async with connection.begin_nested():
-                            await self._write_checked(connection, item)
-                    except (ArtstoreError, IntegrityError) as exc:
-                        item.result, item.error = None, _explain(exc, self.database)
-                        self._heads.pop(item.stream_id, None)
+            await self._write_fast(connection, batch)
 
-        await self.database.run_write(transaction)
+        async def one_by_one(connection: AsyncConnection) -> None:
+            # Each append alone in a savepoint, checked against the database: a conflict,
+            # a retry or a duplicate fails (or succeeds) that append only.
+            for item in batch:
+                item.result, item.error, item.recorded = None, None, []
+                try:
+                    async with connection.begin_nested():
+                        await self._write_checked(connection, item)
+                except (ArtstoreError, IntegrityError) as exc:
+                    item.result, item.error = None, _explain(exc, self.database)
+                    self._heads.pop(item.stream_id, None)
+
+        try:
+            await self._transaction(fast)
+        except (IntegrityError, ArtstoreError) as exc:
+            if isinstance(exc, DatabaseUnavailableError):
+                raise
+            # Rare (a conflict, a retried append, another process moved a stream on): the
+            # fast transaction rolled back whole; take the batch apart in a second one.
+            await self._transaction(one_by_one)
         self.transactions += 1
         for item in batch:  # committed: remember what now exists
             if item.result is not None:
@@ -229,11 +236,39 @@ class EventStore:
                 for digest in item.blobs:
                     self._remember_blob(digest)
 
+    async def _transaction(self, work: Callable[[AsyncConnection], Awaitable[None]]) -> None:
+        """Run `work` in one write transaction on the writer's own connection.
+
+        The writer keeps one connection for its life (no pool checkout and reset per
+        transaction); it is replaced after any error that is not about the data.
+        """
+
+        async def locked(connection: AsyncConnection) -> None:
+            if self.dialect == "postgresql":
+                await connection.execute(select(func.pg_advisory_xact_lock(EVENTS_APPEND_LOCK_KEY)))
+            await work(connection)
+
+        if self._connection is None:
+            self._connection = await self.database.write_engine.connect()
+        try:
+            await self.database.run_write(locked, connection=self._connection)
+        except BaseException as exc:
+            about_the_data = isinstance(exc, (IntegrityError, ArtstoreError)) and not isinstance(
+                exc, DatabaseUnavailableError
+            )
+            if about_the_data:
+                raise
+            connection, self._connection = self._connection, None
+            with contextlib.suppress(Exception):
+                await connection.close()
+            raise
+
     async def _write_fast(self, connection: AsyncConnection, batch: list[_Append]) -> None:
         """The whole batch in one INSERT, with versions from the cached stream heads."""
-        unknown = {item.stream_id for item in batch} - self._heads.keys()
-        heads = dict(self._heads)
-        heads.update(await _stream_heads(connection, unknown))
+        streams = {item.stream_id for item in batch}
+        # Only this batch's heads: copying the whole cache (up to 100,000) costs milliseconds.
+        heads = {stream: self._heads[stream] for stream in streams if stream in self._heads}
+        heads.update(await _stream_heads(connection, streams - heads.keys()))
         rows: list[dict[str, Any]] = []
         for item in batch:
             head = heads.get(item.stream_id, 0)
@@ -393,6 +428,9 @@ class EventStore:
                 self._writer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._writer
+            if self._connection is not None:
+                with contextlib.suppress(Exception):
+                    await self._connection.close()
             await self.database.dispose()
 
     async def __aenter__(self):
@@ -405,14 +443,14 @@ class EventStore:
 def _event_row(stream_id: str, event: Event) -> dict[str, Any]:
     type_name, data = encode_event(event)
     try:
-        canonical_json(data)  # refuse NaN and anything else that is not JSON, now
+        encoded = EncodedJson.of(data)  # refuse NaN and anything else that is not JSON, now
     except (TypeError, ValueError) as exc:
         raise InvalidEventError(f"{type_name!r} event is not valid JSON: {exc}") from None
     return {
         "event_id": event.event_id,
         "stream_id": stream_id,
         "type": type_name,
-        "data": data,
+        "data": encoded,
         "recorded_at": datetime.now(UTC),
     }
 
@@ -452,7 +490,7 @@ def _recorded(rows: list[dict[str, Any]], positions: list[int]) -> list[Recorded
             stream_id=row["stream_id"],
             version=row["version"],
             type=row["type"],
-            data=row["data"],
+            data=row["data"].document,
             recorded_at=row["recorded_at"],
         )
         for row, position in zip(rows, positions, strict=True)

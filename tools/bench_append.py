@@ -1,0 +1,695 @@
+"""Append throughput of artstore against its peers, on SQLite and on PostgreSQL, in one run.
+
+What it measures: events per second for three ways of appending events with a ~2 KB payload
+
+- `sequential`: one writer appends single events, each committed before the next;
+- `concurrent64`: 64 concurrent writers append single events, each to its own stream;
+- `batch100`: one writer appends batches of 100 events, one commit per batch;
+
+for four peers, each writing its own SQLite file (in a temporary folder) and its own fresh
+PostgreSQL database (`bench_*`, dropped at the end):
+
+- `artstore`: `artstore.open_store(url)` and `store.append(stream, events, expected_version)`
+  with a bench event type; the 64 writers are asyncio tasks (its natural concurrency);
+- `eventsourcing`: the `eventsourcing` library's `SQLiteApplicationRecorder` and
+  `PostgresApplicationRecorder`, given `StoredEvent` objects; it is synchronous, so its 64
+  writers are 64 threads sharing the recorder (and its connection pool);
+- `raw sqlite3` / `raw psycopg`: the drivers alone, on a table like artstore's (same columns
+  and unique keys): one INSERT + COMMIT per event for single appends (64 threads for the
+  concurrent case), `executemany` in one transaction (SQLite) or `COPY ... FROM STDIN`
+  (PostgreSQL) for batches. Raw writers give no commit-ordered positions, no idempotency
+  and no expected-version check: they bound what the database itself can do.
+
+Settings are aligned so that libraries are compared, not settings: every SQLite peer uses
+WAL with `synchronous=NORMAL` (artstore's setting; eventsourcing's default would be FULL);
+every PostgreSQL peer may open at most 16 connections (artstore's pool size).
+
+The machine is small and noisy, so each cell is measured in several short rounds (3 by
+default), peers interleaved and their order rotated every round, and the table shows the
+best round of each cell. Then the issue's two targets are checked:
+
+1. artstore with 64 concurrent single-event appenders >= 2x eventsourcing's best
+   single-event rate (sequential or 64 threads, whichever is higher), on each database;
+2. artstore with 64 concurrent single-event appenders >= 30% of the raw batched rate.
+
+Run it from the repository root:
+
+    python tools/bench_append.py                      # both databases, about 1-3 minutes
+    python tools/bench_append.py --quick              # smoke run, a few seconds
+    python tools/bench_append.py --databases sqlite --events 4000 --rounds 5
+
+PostgreSQL comes from `--postgres-url`, else `$ARTSTORE_BENCH_POSTGRES_URL`, else
+`postgresql://postgres@127.0.0.1:5432/test`; the user must be allowed to create databases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+from eventsourcing.persistence import ApplicationRecorder, StoredEvent
+from eventsourcing.postgres import PostgresApplicationRecorder, PostgresDatastore
+from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteConnection, SQLiteDatastore
+from psycopg_pool import ConnectionPool
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.engine import URL, make_url
+
+import artstore
+from artstore.events import Event, event_type
+
+SCENARIOS = ("sequential", "concurrent64", "batch100")
+PEERS = ("artstore", "eventsourcing", "raw")
+DATABASES = ("sqlite", "postgresql")
+CONCURRENCY = 64
+BATCH_SIZE = 100
+PAYLOAD_CHARS = 2048
+SEQUENTIAL_SHARE = 4  # sequential cells write events / 4: one commit per event is slow
+PG_MAX_CONNECTIONS = 16  # artstore's pool (8 + 8 overflow); the other peers get as many
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+BENCH_TYPE = "bench.payload"
+ES_TOPIC = "bench_append:Payload"
+
+
+@event_type(BENCH_TYPE)
+class BenchPayload(Event):
+    """The bench's event: one ~2 KB string."""
+
+    payload: str
+
+
+def make_payloads(count: int = 256) -> list[str]:
+    """Distinct random 2 KB strings (random, so that PostgreSQL cannot compress them away)."""
+    return [secrets.token_urlsafe(PAYLOAD_CHARS)[:PAYLOAD_CHARS] for _ in range(count)]
+
+
+PAYLOADS = make_payloads()
+
+
+def payload(i: int) -> str:
+    return PAYLOADS[i % len(PAYLOADS)]
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+# --- the peers ------------------------------------------------------------------------------
+#
+# Every peer has the same four coroutines: `sequential(n)`, `concurrent(n)`, `batches(n)`
+# (each writes n events; the harness times them) and `close()`. The synchronous peers block
+# the event loop while they run: nothing else runs meanwhile, and no thread hop is added.
+
+
+class Peer(ABC):
+    name: str
+
+    @abstractmethod
+    async def sequential(self, n: int) -> None: ...
+
+    @abstractmethod
+    async def concurrent(self, n: int) -> None: ...
+
+    @abstractmethod
+    async def batches(self, n: int) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    async def run(self, scenario: str, n: int) -> int:
+        """Write about n events the scenario's way; returns how many were written."""
+        if scenario == "sequential":  # the slowest way: a share of the events
+            n //= SEQUENTIAL_SHARE
+            await self.sequential(n)
+            return n
+        if scenario == "concurrent64":
+            await self.concurrent(n)
+            return n // CONCURRENCY * CONCURRENCY
+        await self.batches(n)
+        return n // BATCH_SIZE * BATCH_SIZE
+
+
+class ArtstorePeer(Peer):
+    """artstore's public API: `open_store` and `append` with an expected version."""
+
+    name = "artstore"
+
+    def __init__(self, store: artstore.Store) -> None:
+        self.store = store
+
+    @classmethod
+    async def open(cls, url: str) -> ArtstorePeer:
+        return cls(await artstore.open_store(url))
+
+    async def _append_singles(self, stream: str, n: int) -> None:
+        version = artstore.NO_STREAM
+        for i in range(n):
+            result = await self.store.append(stream, [BenchPayload(payload=payload(i))], version)
+            version = result.version
+
+    async def sequential(self, n: int) -> None:
+        await self._append_singles(f"bench-seq-{uuid.uuid4()}", n)
+
+    async def concurrent(self, n: int) -> None:
+        each = n // CONCURRENCY
+        streams = [f"bench-c{k}-{uuid.uuid4()}" for k in range(CONCURRENCY)]
+        await asyncio.gather(*(self._append_singles(stream, each) for stream in streams))
+
+    async def batches(self, n: int) -> None:
+        stream, version = f"bench-batch-{uuid.uuid4()}", artstore.NO_STREAM
+        for start in range(0, n - BATCH_SIZE + 1, BATCH_SIZE):
+            batch = [BenchPayload(payload=payload(i)) for i in range(start, start + BATCH_SIZE)]
+            version = (await self.store.append(stream, batch, version)).version
+
+    async def close(self) -> None:
+        await self.store.close()
+
+
+class EventsourcingPeer(Peer):
+    """The eventsourcing library's application recorder, fed `StoredEvent` objects."""
+
+    name = "eventsourcing"
+
+    def __init__(
+        self, recorder: ApplicationRecorder, datastore: SQLiteDatastore | PostgresDatastore
+    ) -> None:
+        self.recorder = recorder
+        self.datastore = datastore
+
+    @classmethod
+    def open_sqlite(cls, path: Path) -> EventsourcingPeer:
+        datastore = SQLiteDatastore(str(path), pool_size=5, max_overflow=10, pool_timeout=120)
+        create = datastore.pool._create_connection
+
+        def create_with_normal_sync() -> SQLiteConnection:  # artstore's setting
+            connection = create()
+            connection._sqlite_conn.execute("PRAGMA synchronous=NORMAL")
+            return connection
+
+        datastore.pool._create_connection = create_with_normal_sync
+        recorder = SQLiteApplicationRecorder(datastore)
+        recorder.create_table()
+        return cls(recorder, datastore)
+
+    @classmethod
+    def open_postgresql(cls, url: URL) -> EventsourcingPeer:
+        datastore = PostgresDatastore(
+            dbname=url.database or "",
+            host=url.host or "127.0.0.1",
+            port=url.port or 5432,
+            user=url.username or "postgres",
+            password=url.password or "",
+            pool_size=PG_MAX_CONNECTIONS,
+            max_overflow=0,
+            connect_timeout=120,  # also psycopg_pool's wait for a free connection
+        )
+        recorder = PostgresApplicationRecorder(datastore)
+        recorder.create_table()
+        return cls(recorder, datastore)
+
+    @staticmethod
+    def _stored(aggregate: uuid.UUID, version: int, i: int) -> StoredEvent:
+        state = json.dumps({"payload": payload(i)}).encode()
+        return StoredEvent(aggregate, version, ES_TOPIC, state)
+
+    def _insert_singles(self, n: int) -> None:
+        aggregate = uuid.uuid4()
+        for i in range(n):
+            self.recorder.insert_events([self._stored(aggregate, i + 1, i)])
+
+    async def sequential(self, n: int) -> None:
+        self._insert_singles(n)
+
+    async def concurrent(self, n: int) -> None:
+        run_threads(self._insert_singles, n // CONCURRENCY)
+
+    async def batches(self, n: int) -> None:
+        aggregate = uuid.uuid4()
+        for start in range(0, n - BATCH_SIZE + 1, BATCH_SIZE):
+            stored = [self._stored(aggregate, i + 1, i) for i in range(start, start + BATCH_SIZE)]
+            self.recorder.insert_events(stored)
+
+    async def close(self) -> None:
+        self.datastore.close()
+
+
+RAW_SQLITE_SCHEMA = """
+CREATE TABLE events (
+    position INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id TEXT NOT NULL UNIQUE,
+    stream_id TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    data TEXT NOT NULL,
+    recorded_at TEXT NOT NULL,
+    UNIQUE (stream_id, version)
+);
+CREATE INDEX ix_events_type ON events (type);
+"""
+RAW_INSERT = (
+    "INSERT INTO events (event_id, stream_id, version, type, data, recorded_at) "
+    "VALUES ({0}, {0}, {0}, {0}, {0}, {0})"
+)
+
+Row = tuple[str, str, int, str, str, datetime | str]
+
+
+def raw_row(stream: str, version: int, i: int, *, iso: bool = False) -> Row:
+    recorded_at = now()
+    return (
+        str(uuid.uuid4()),
+        stream,
+        version,
+        BENCH_TYPE,
+        json.dumps({"payload": payload(i)}),
+        recorded_at.isoformat() if iso else recorded_at,
+    )
+
+
+class RawSqlitePeer(Peer):
+    """sqlite3 alone: INSERT + COMMIT per event; executemany in one transaction per batch."""
+
+    name = "raw"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.connection = self._connect()
+        self.connection.executescript(RAW_SQLITE_SCHEMA)
+        self.insert = RAW_INSERT.format("?")
+
+    def _connect(self) -> sqlite3.Connection:
+        connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=NORMAL")
+        connection.execute("PRAGMA busy_timeout=120000")
+        return connection
+
+    def _insert_singles(self, connection: sqlite3.Connection, n: int) -> None:
+        stream = f"bench-{uuid.uuid4()}"
+        for i in range(n):
+            connection.execute("BEGIN IMMEDIATE")
+            connection.execute(self.insert, raw_row(stream, i + 1, i, iso=True))
+            connection.execute("COMMIT")
+
+    async def sequential(self, n: int) -> None:
+        self._insert_singles(self.connection, n)
+
+    async def concurrent(self, n: int) -> None:
+        # One connection per thread; SQLite's busy handler queues the writers.
+        connections = [self._connect() for _ in range(CONCURRENCY)]
+        pool = iter(connections)
+        lock = threading.Lock()
+
+        def worker(each: int) -> None:
+            with lock:
+                connection = next(pool)
+            self._insert_singles(connection, each)
+
+        try:
+            run_threads(worker, n // CONCURRENCY)
+        finally:
+            for connection in connections:
+                connection.close()
+
+    async def batches(self, n: int) -> None:
+        stream = f"bench-batch-{uuid.uuid4()}"
+        for start in range(0, n - BATCH_SIZE + 1, BATCH_SIZE):
+            rows = [raw_row(stream, i + 1, i, iso=True) for i in range(start, start + BATCH_SIZE)]
+            self.connection.execute("BEGIN IMMEDIATE")
+            self.connection.executemany(self.insert, rows)
+            self.connection.execute("COMMIT")
+
+    async def close(self) -> None:
+        self.connection.close()
+
+
+RAW_PG_SCHEMA = """
+CREATE TABLE events (
+    position BIGSERIAL PRIMARY KEY,
+    event_id VARCHAR(36) NOT NULL UNIQUE,
+    stream_id VARCHAR(255) NOT NULL,
+    version INTEGER NOT NULL,
+    type VARCHAR(100) NOT NULL,
+    data JSONB NOT NULL,
+    recorded_at TIMESTAMPTZ NOT NULL,
+    UNIQUE (stream_id, version)
+);
+CREATE INDEX ix_events_type ON events (type);
+"""
+RAW_COPY = "COPY events (event_id, stream_id, version, type, data, recorded_at) FROM STDIN"
+
+
+class RawPsycopgPeer(Peer):
+    """psycopg 3 alone: INSERT + COMMIT per event; COPY FROM STDIN + COMMIT per batch."""
+
+    name = "raw"
+
+    def __init__(self, conninfo: str) -> None:
+        self.conninfo = conninfo
+        self.connection = psycopg.connect(conninfo)
+        self.connection.execute(RAW_PG_SCHEMA)
+        self.connection.commit()
+        self.insert = RAW_INSERT.format("%s")
+
+    def _insert_singles(self, connection: psycopg.Connection, n: int) -> None:
+        stream = f"bench-{uuid.uuid4()}"
+        for i in range(n):
+            connection.execute(self.insert, raw_row(stream, i + 1, i), prepare=True)
+            connection.commit()
+
+    async def sequential(self, n: int) -> None:
+        self._insert_singles(self.connection, n)
+
+    async def concurrent(self, n: int) -> None:
+        # 64 threads share PG_MAX_CONNECTIONS connections, as the libraries' pools do.
+        with ConnectionPool(
+            self.conninfo, min_size=PG_MAX_CONNECTIONS, max_size=PG_MAX_CONNECTIONS, timeout=120
+        ) as pool:
+            pool.wait()
+            stream_of: dict[int, str] = {}
+
+            def worker(each: int) -> None:
+                stream = stream_of.setdefault(threading.get_ident(), f"bench-{uuid.uuid4()}")
+                for i in range(each):
+                    with pool.connection() as connection:  # commits on leaving
+                        connection.execute(self.insert, raw_row(stream, i + 1, i), prepare=True)
+
+            run_threads(worker, n // CONCURRENCY)
+
+    async def batches(self, n: int) -> None:
+        stream = f"bench-batch-{uuid.uuid4()}"
+        for start in range(0, n - BATCH_SIZE + 1, BATCH_SIZE):
+            with self.connection.cursor() as cursor, cursor.copy(RAW_COPY) as copy:
+                for i in range(start, start + BATCH_SIZE):
+                    copy.write_row(raw_row(stream, i + 1, i))
+            self.connection.commit()
+
+    async def close(self) -> None:
+        self.connection.close()
+
+
+def run_threads(work: Callable[[int], None], each: int) -> None:
+    """`work(each)` in CONCURRENCY threads at once; re-raises the first failure."""
+    start = threading.Barrier(CONCURRENCY)
+
+    def go(_: int) -> None:
+        start.wait()
+        work(each)
+
+    with ThreadPoolExecutor(CONCURRENCY) as pool:
+        for future in [pool.submit(go, k) for k in range(CONCURRENCY)]:
+            future.result()
+
+
+# --- where the peers write ----------------------------------------------------------------
+
+
+@dataclass
+class Place:
+    """Fresh databases for the peers: one SQLite file each, one PostgreSQL database each."""
+
+    postgres_url: str
+    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="bench_append_")))
+    created: list[str] = field(default_factory=list)
+
+    def sqlite_file(self, peer: str) -> Path:
+        return self.folder / f"{peer}.db"
+
+    def admin_conninfo(self) -> str:
+        url = make_url(self.postgres_url).set(drivername="postgresql")
+        return url.render_as_string(hide_password=False)
+
+    def postgres_database(self, peer: str) -> URL:
+        name = f"bench_{peer}_{secrets.token_hex(4)}"
+        with psycopg.connect(self.admin_conninfo(), autocommit=True) as connection:
+            connection.execute(f'CREATE DATABASE "{name}"')
+        self.created.append(name)
+        return make_url(self.postgres_url).set(drivername="postgresql", database=name)
+
+    def postgres_settings(self) -> str:
+        with psycopg.connect(self.admin_conninfo(), autocommit=True) as connection:
+            values = [
+                f"{name}={connection.execute(f'SHOW {name}').fetchone()[0]}"  # type: ignore[index]
+                for name in ("fsync", "synchronous_commit", "commit_delay", "max_connections")
+            ]
+        return ", ".join(values)
+
+    def clean(self) -> None:
+        if self.created:
+            with psycopg.connect(self.admin_conninfo(), autocommit=True) as connection:
+                for name in self.created:
+                    connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+async def open_peers(database: str, place: Place) -> list[Peer]:
+    if database == "sqlite":
+        return [
+            await ArtstorePeer.open(f"sqlite:///{place.sqlite_file('artstore')}"),
+            EventsourcingPeer.open_sqlite(place.sqlite_file("eventsourcing")),
+            RawSqlitePeer(place.sqlite_file("raw")),
+        ]
+    artstore_url = place.postgres_database("artstore").render_as_string(hide_password=False)
+    raw_url = place.postgres_database("raw").render_as_string(hide_password=False)
+    return [
+        await ArtstorePeer.open(artstore_url),
+        EventsourcingPeer.open_postgresql(place.postgres_database("eventsourcing")),
+        RawPsycopgPeer(raw_url),
+    ]
+
+
+# --- measuring ------------------------------------------------------------------------------
+
+
+@dataclass
+class Cell:
+    """The rounds of one peer x scenario x database."""
+
+    rates: list[float] = field(default_factory=list)
+    transactions: list[int] = field(default_factory=list)  # artstore only
+
+    @property
+    def best(self) -> float:
+        return max(self.rates) if self.rates else float("nan")
+
+
+Results = dict[tuple[str, str, str], Cell]  # (database, peer, scenario) -> cell
+
+
+async def measure(
+    databases: Sequence[str], place: Place, events: int, rounds: int, console: Console
+) -> Results:
+    results: Results = {}
+    peers: dict[str, list[Peer]] = {}
+    try:
+        for database in databases:
+            peers[database] = await open_peers(database, place)
+        with console.status("warming up (connections, prepared statements, caches)") as status:
+            for database in databases:
+                for peer in peers[database]:
+                    for scenario in SCENARIOS:
+                        await peer.run(scenario, 2 * CONCURRENCY)
+            for round_ in range(rounds):
+                for database in databases:
+                    order = rotate(peers[database], round_)
+                    for scenario in SCENARIOS:
+                        for peer in order:
+                            status.update(
+                                f"round {round_ + 1}/{rounds}: {database} {scenario} {peer.name}"
+                            )
+                            cell = results.setdefault((database, peer.name, scenario), Cell())
+                            await measure_cell(peer, scenario, events, cell)
+    finally:
+        for opened in peers.values():
+            for peer in opened:
+                await peer.close()
+    return results
+
+
+async def measure_cell(peer: Peer, scenario: str, events: int, cell: Cell) -> None:
+    transactions = peer.store.transactions if isinstance(peer, ArtstorePeer) else 0
+    started = time.perf_counter()
+    written = await peer.run(scenario, events)
+    cell.rates.append(written / (time.perf_counter() - started))
+    if isinstance(peer, ArtstorePeer):
+        cell.transactions.append(peer.store.transactions - transactions)
+
+
+def rotate(items: list[Peer], by: int) -> list[Peer]:
+    by %= len(items)
+    return items[by:] + items[:by]
+
+
+# --- reporting ------------------------------------------------------------------------------
+
+
+def ratio(numerator: float, denominator: float) -> str:
+    if not denominator or denominator != denominator or numerator != numerator:
+        return "—"
+    return f"{numerator / denominator:.2f}x"
+
+
+def rate(value: float) -> str:
+    return "—" if value != value else f"{value:,.0f}"
+
+
+def report(results: Results, databases: Sequence[str], events: int, console: Console) -> None:
+    table = Table(
+        title=f"Append throughput, events/s: best of the rounds; {events:,} events of "
+        f"{PAYLOAD_CHARS} B per cell and round ({events // SEQUENTIAL_SHARE:,} for sequential)",
+        header_style="bold",
+    )
+    table.add_column("peer")
+    table.add_column("scenario")
+    labels = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+    for database in databases:
+        label = labels[database]
+        table.add_column(f"{label}\nev/s", justify="right")
+        table.add_column(f"{label}\n÷ es", justify="right")
+        table.add_column(f"{label}\n÷ raw batch", justify="right")
+    for peer in PEERS:
+        for scenario in SCENARIOS:
+            row = [peer, scenario]
+            for database in databases:
+                mine = results[(database, peer, scenario)].best
+                peer_es = results[(database, "eventsourcing", scenario)].best
+                raw_batched = results[(database, "raw", "batch100")].best
+                row += [rate(mine), ratio(mine, peer_es), ratio(mine, raw_batched)]
+            table.add_row(*row, end_section=scenario == SCENARIOS[-1])
+    console.print(table)
+    console.print(
+        "÷ es: the row's rate over eventsourcing's in the same scenario and database; "
+        "÷ raw batch: over the raw driver's batch100 rate on the same database."
+    )
+
+    console.print("\n[bold]Targets[/bold] (artstore with 64 concurrent single-event appenders)")
+    for database in databases:
+        label = labels[database]
+        artstore_c = results[(database, "artstore", "concurrent64")].best
+        es_single = max(
+            results[(database, "eventsourcing", "sequential")].best,
+            results[(database, "eventsourcing", "concurrent64")].best,
+        )
+        raw_batched = results[(database, "raw", "batch100")].best
+        check(
+            console,
+            f"{label}: >= 2x eventsourcing's best single-event rate",
+            artstore_c,
+            es_single,
+            2.0,
+        )
+        check(console, f"{label}: >= 30% of raw batched rate", artstore_c, raw_batched, 0.30)
+
+    console.print("\n[bold]Group commit[/bold] (artstore, concurrent64, store.transactions)")
+    appends = events // CONCURRENCY * CONCURRENCY
+    for database in databases:
+        counts = results[(database, "artstore", "concurrent64")].transactions
+        console.print(
+            f"  {labels[database]}: {appends:,} single-event appends per round took "
+            f"{', '.join(f'{t:,}' for t in counts)} transactions "
+            f"(at least {appends / max(max(counts), 1):.1f} appends per transaction)"
+        )
+
+
+def check(console: Console, what: str, value: float, reference: float, needed: float) -> None:
+    achieved = value / reference if reference else float("nan")
+    verdict = "[green]PASS[/green]" if achieved >= needed else "[red]MISS[/red]"
+    console.print(
+        f"  {verdict} {what}: {value:,.0f} vs {reference:,.0f} ev/s = {achieved:.2f}x "
+        f"(needs {needed:.2f}x)"
+    )
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])  # type: ignore[union-attr]
+    parser.add_argument(
+        "--events",
+        type=int,
+        default=None,
+        help="events per cell per round (default 3,200; 640 with --quick); concurrent64 "
+        f"rounds down to a multiple of {CONCURRENCY}, batch100 to one of {BATCH_SIZE}",
+    )
+    parser.add_argument("--rounds", type=int, default=None, help="rounds per cell (default 3)")
+    parser.add_argument(
+        "--databases",
+        default="sqlite,postgresql",
+        help="comma-separated: sqlite, postgresql (default both)",
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("ARTSTORE_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL),
+        help="a PostgreSQL server where the user may create databases "
+        "(default $ARTSTORE_BENCH_POSTGRES_URL or %(default)s)",
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few events, 1 round")
+    args = parser.parse_args(argv)
+    args.databases = [d.strip() for d in args.databases.split(",") if d.strip()]
+    unknown = set(args.databases) - set(DATABASES)
+    if unknown or not args.databases:
+        parser.error(f"--databases takes sqlite and/or postgresql, not {sorted(unknown)}")
+    args.events = max(args.events or (640 if args.quick else 3200), CONCURRENCY * BATCH_SIZE // 10)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    return args
+
+
+async def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console(width=max(Console().width, 120))
+    place = Place(args.postgres_url)
+    try:
+        settings = [
+            f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+            f"artstore {artstore.__version__}",
+            "SQLite: WAL, synchronous=NORMAL for every peer",
+        ]
+        if "postgresql" in args.databases:
+            try:
+                place.postgres_settings()
+            except psycopg.OperationalError as exc:
+                console.print(f"[red]cannot use PostgreSQL at {args.postgres_url}: {exc}[/red]")
+                return 2
+            settings.append(
+                f"PostgreSQL: {place.postgres_settings()}; "
+                f"at most {PG_MAX_CONNECTIONS} connections per peer"
+            )
+        settings.append(
+            f"concurrent64: artstore = {CONCURRENCY} asyncio tasks; eventsourcing and raw = "
+            f"{CONCURRENCY} threads; each writer appends to its own stream"
+        )
+        settings.append(
+            f"{args.rounds} round(s) per cell, peers interleaved and rotated each round; "
+            "best round shown"
+        )
+        for line in settings:
+            console.print(f"[dim]{line}[/dim]")
+        started = time.perf_counter()
+        results = await measure(args.databases, place, args.events, args.rounds, console)
+        report(results, args.databases, args.events, console)
+        console.print(f"\n[dim]measured in {time.perf_counter() - started:.0f} s[/dim]")
+    finally:
+        place.clean()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
