@@ -84,6 +84,10 @@ class RewardFunctionError(ArtstoreError):
     """A reward function raised or returned something unusable."""
 
 
+class NoRolloutError(ArtstoreError, LookupError):
+    """An LLM call or chat model that needs a rollout ran outside of any open rollout."""
+
+
 class StoreClosedError(ArtstoreError):
     """The store was closed; open a new one."""
 
@@ -94,3 +98,11 @@ class QueryRefusedError(ArtstoreError, ValueError):
 
 class QueryError(ArtstoreError):
     """The database could not run an analysis query (a syntax error, an unknown column...)."""
+
+
+class ExchangeFormatError(ArtstoreError, ValueError):
+    """A file given to `artstore import` is not in a format artstore reads (nothing imported)."""
+
+
+class ImportConflictError(ArtstoreError):
+    """An import would write rollouts or groups the store already holds from elsewhere."""
