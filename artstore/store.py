@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import select, text
@@ -75,17 +76,26 @@ class Store(EventStore):
         self, rollout_ids: Iterable[str], *, scorer: str | None = None
     ) -> dict[str, art.Trajectory]:
         """Several trajectories at once (one query for all their events and messages)."""
+        from artstore.projections.imported import blob_hashes, imported_trajectory, load_bodies
         from artstore.projections.trajectories import (
+            StoredCalls,
             build_trajectory,
-            load_calls,
             merge_conversations,
         )
 
         ids = list(dict.fromkeys(rollout_ids))
         streams = await self.read_streams(f"rollout-{rollout_id}" for rollout_id in ids)
+        # Imported rollouts (`artstore import`) hold their histories in `trajectory.imported`.
+        imported = {
+            e.stream_id.removeprefix("rollout-"): e.decode()
+            for stream in streams.values()
+            for e in stream
+            if e.type == "trajectory.imported"
+        }
         async with self.database.read() as connection:
-            calls = await load_calls(connection, ids)
+            calls = await StoredCalls.load(connection, ids)  # parsed one rollout at a time
             rewards = await latest_rewards(connection, ids, scorer)
+            bodies = await load_bodies(connection, blob_hashes(imported.values()))
         result = {}
         for rollout_id in ids:
             recorded = streams[f"rollout-{rollout_id}"]
@@ -94,8 +104,12 @@ class Store(EventStore):
             started = recorded[0].decode()
             finished = next((e.decode() for e in recorded if e.type == "rollout.finished"), None)
             reward, reward_metrics = rewards.get(rollout_id, (0.0, {}))
-            result[rollout_id] = build_trajectory(
-                merge_conversations(calls[rollout_id]),
+            build = (
+                partial(imported_trajectory, imported[rollout_id], bodies)
+                if rollout_id in imported
+                else partial(build_trajectory, merge_conversations(calls.calls(rollout_id)))
+            )
+            result[rollout_id] = build(
                 reward=reward,
                 metrics={**(getattr(finished, "metrics", None) or {}), **reward_metrics},
                 metadata=getattr(finished, "metadata", None) or {},

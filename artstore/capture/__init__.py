@@ -1,5 +1,9 @@
-"""Capture: every LLM call of an agent becomes an event of the current rollout."""
+"""Capture: every LLM call of an agent becomes an event of the current rollout.
 
-from artstore.capture.rollout import Rollout, current_rollout, rollout
+`store.rollout(model, scenario=...)` opens a rollout (`artstore.capture.rollout`);
+`artstore.langgraph` records LangGraph agents into it.
+"""
 
-__all__ = ["Rollout", "current_rollout", "rollout"]
+from artstore.capture.rollout import ArtLogger, Rollout, current_rollout, require_rollout
+
+__all__ = ["ArtLogger", "Rollout", "current_rollout", "require_rollout"]

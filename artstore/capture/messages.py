@@ -1,22 +1,33 @@
-"""LangChain messages to and from JSON, with LangChain's own serialisation (never pickle)."""
+"""LangChain messages to and from JSON, with LangChain's own serialisation (never pickle).
+
+A message is stored as `message_to_dict(message)`: `{"type": ..., "data": {...fields}}`,
+read back by `messages_from_dict`. The text is written by pydantic's serializer rather
+than `json.dumps(message_to_dict(m))`: same document, several times faster for an
+assistant message carrying hundreds of logprob entries (the cost a caller pays per call).
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
+import pydantic_core
 from langchain_core.messages import (
     AIMessage,
     BaseMessage,
     convert_to_messages,
-    message_to_dict,
     messages_from_dict,
 )
 from langchain_core.prompt_values import PromptValue
+from pydantic import BaseModel
 
 
 def as_messages(value: Any) -> list[BaseMessage]:
-    """The messages of a chat model's input: a list, a PromptValue, a string or tuples."""
+    """The messages of a chat model's input: a list, a PromptValue, a string or tuples.
+
+    Message objects are returned as they are (not copied).
+    """
     if isinstance(value, PromptValue):
         return value.to_messages()
     if isinstance(value, str):
@@ -24,8 +35,29 @@ def as_messages(value: Any) -> list[BaseMessage]:
     return convert_to_messages(value)
 
 
-def to_json(message: BaseMessage) -> dict[str, Any]:
-    return message_to_dict(message)
+def _fallback(value: Any) -> Any:
+    """JSON for what pydantic cannot serialise on its own (never a pickle)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", warnings=False)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return repr(value)
+
+
+def dump_message(message: BaseMessage) -> str:
+    """`message_to_dict(message)` as JSON text.
+
+    Non-finite floats become `null` (pydantic's JSON rule; a sampled token's logprob is
+    always finite) and objects that are not JSON become their `repr`.
+    """
+    data = message.model_dump_json(warnings=False, fallback=_fallback)
+    return f'{{"type":{json.dumps(message.type)},"data":{data}}}'
+
+
+def load_message(body: str | bytes) -> BaseMessage:
+    """The message a `dump_message` text describes."""
+    (message,) = messages_from_dict([pydantic_core.from_json(body)])
+    return message
 
 
 def from_json(documents: Sequence[dict[str, Any]]) -> list[BaseMessage]:
@@ -44,3 +76,11 @@ def token_usage(message: AIMessage) -> tuple[int | None, int | None]:
         return usage.get("input_tokens"), usage.get("output_tokens")
     raw = (message.response_metadata or {}).get("token_usage") or {}
     return raw.get("prompt_tokens"), raw.get("completion_tokens")
+
+
+def tool_calls_of(message: BaseMessage) -> list[dict[str, Any]]:
+    """`[{"id", "name", "args"}]` of the tool calls an assistant message asked for."""
+    return [
+        {"id": call.get("id"), "name": call.get("name"), "args": call.get("args")}
+        for call in getattr(message, "tool_calls", None) or []
+    ]

@@ -5,15 +5,21 @@
 
 Inside the block every LLM call made through `artstore.langgraph.init_chat_model`, or
 through ART's own `art.langgraph.init_chat_model`, becomes an `llm.call` event of this
-rollout. Calls are handed to the store's writer without waiting for a commit; the block's
-exit waits for all of them and records `rollout.finished` (or `rollout.failed`, and the
+rollout (a loop of your own records with `rollout.record_llm_call(input, output)`).
+Calls are handed to the store's writer without waiting for a commit; the block's exit
+waits for all of them and records `rollout.finished` (or `rollout.failed`, and the
 exception still reaches the caller), so a rollout is durable once its block has exited.
+
+The current rollout is a context variable: concurrent rollouts in concurrent tasks never
+see each other's calls, and LangGraph's worker threads (which copy the context) record
+into the rollout of the task that started them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import json
 import threading
 import time
@@ -23,9 +29,12 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.utils.function_calling import convert_to_openai_tool
+
 from artstore.capture import messages as lc
-from artstore.capture.redaction import Redactor
-from artstore.errors import InvalidEventError
+from artstore.capture.redaction import Redactor, redact_url
+from artstore.errors import InvalidEventError, NoRolloutError
 from artstore.events import (
     LLMCall,
     RolloutFailed,
@@ -34,7 +43,6 @@ from artstore.events import (
     new_id,
 )
 from artstore.eventstore.blobs import blob_hash, canonical_json
-from artstore.urls import redact
 
 if TYPE_CHECKING:
     from artstore.eventstore.store import AppendResult, EventStore
@@ -45,16 +53,47 @@ CURRENT_ROLLOUT: contextvars.ContextVar[Rollout | None] = contextvars.ContextVar
 
 
 def current_rollout() -> Rollout | None:
-    """The rollout whose block the caller runs in, if any."""
+    """The open rollout whose block the caller runs in, if any."""
     return CURRENT_ROLLOUT.get()
+
+
+def require_rollout(what: str) -> Rollout:
+    """The current rollout, or a NoRolloutError that says how to get one."""
+    found = CURRENT_ROLLOUT.get()
+    if found is None or found.closed:
+        raise NoRolloutError(
+            f"{what} needs a rollout: call it inside `async with store.rollout(model, ...)` "
+            "(or in a function wrapped by `artstore.langgraph.wrap_rollout`). A thread started "
+            "by hand must run in a copy of the rollout's context (`contextvars.copy_context`, "
+            "`asyncio.to_thread` and LangGraph do this)."
+        )
+    return found
 
 
 def rollout_stream(rollout_id: str) -> str:
     return f"rollout-{rollout_id}"
 
 
+def to_json_value(value: Any) -> Any:
+    """A scenario or result as JSON: pydantic models and dataclasses are dumped."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
+def _openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
+    """OpenAI tool dicts as ART records them (LangChain tools and schemas are converted)."""
+    return [t if isinstance(t, dict) else convert_to_openai_tool(t) for t in tools]
+
+
 class Rollout:
-    """The recorder of one rollout. Set `result` (JSON-serializable) before the block exits."""
+    """The recorder of one rollout.
+
+    Set `result` (JSON, a pydantic model or a dataclass) before the block exits; `metrics`,
+    `metadata` and `log()` end up in the trajectory as in `art.Trajectory`.
+    """
 
     def __init__(
         self,
@@ -76,17 +115,30 @@ class Rollout:
         self.metrics: dict[str, float | int | bool] = {}
         self.metadata: dict[str, float | int | str | bool | None] = {}
         self.logs: list[str] = []
-        self.redact = Redactor([inference_api_key])
+        self.redact = Redactor([inference_api_key], urls=[inference_base_url])
+        self.closed = False  # the block has exited: no new calls
+        self._ended = False  # rollout.finished or rollout.failed is queued
         self._version = 0
         self._calls = 0
         self._pending: list[asyncio.Future[AppendResult]] = []
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
-        self._known_blobs: set[str] = set()
+        self._handoffs = 0  # calls recorded from other threads, not yet queued
+        self._handoffs_lock = threading.Lock()
+        self._handoff_error: Exception | None = None
+        self._sent_blobs: set[str] = set()  # blob bodies already queued by this rollout
+        # id(message) -> (message, its fields as hashed, blob hash): a message sent again
+        # in the next call is not serialised again unless a field of it was replaced.
+        self._message_hashes: dict[int, tuple[BaseMessage, dict[str, Any], str]] = {}
 
     @property
     def stream_id(self) -> str:
         return rollout_stream(self.id)
+
+    @property
+    def num_llm_calls(self) -> int:
+        """LLM calls queued so far (failed ones included)."""
+        return self._calls
 
     def log(self, message: str) -> None:
         """A line for the trajectory's `logs`, as `art.Trajectory.log`."""
@@ -99,64 +151,130 @@ class Rollout:
         input: Any,
         output: Any,
         *,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[Any] | None = None,
         call_id: str | None = None,
         started_at: datetime | None = None,
         latency_s: float | None = None,
         error: BaseException | None = None,
     ) -> None:
-        """Record one LLM call; callable from the rollout's task or from any thread.
+        """Record one LLM call; returns at once. Callable from the rollout's task or any thread.
 
-        The messages are serialised here, in the caller's thread; the append is queued
-        and its commit awaited when the rollout's block exits.
+        `input` is what the chat model was given (messages, a PromptValue or a string),
+        `output` the `AIMessage` it returned (None for a failed call, with `error`), `tools`
+        what it was offered (OpenAI tool dicts, or LangChain tools, converted as ART does).
+        The messages are serialised here, in the caller's thread; the append is queued and
+        its commit awaited when the block exits.
         """
+        on_loop = threading.get_ident() == self._loop_thread
+        if self.closed:
+            raise NoRolloutError(
+                f"rollout {self.id} has already ended: an LLM call made after its block "
+                "exited cannot be recorded in it"
+            )
+        if not on_loop:
+            with self._handoffs_lock:
+                self._handoffs += 1
+        try:
+            event, blobs = self._llm_call_event(
+                input, output, tools, call_id, started_at, latency_s, error
+            )
+        except BaseException:
+            if not on_loop:
+                self._handoff_done()
+            raise
+        if on_loop:
+            self._queue_llm_call(event, blobs)
+        else:  # a sync LangChain call in a worker thread: hand over to the store's loop
+            self._loop.call_soon_threadsafe(self._queue_llm_call, event, blobs, True)
+
+    def _llm_call_event(
+        self,
+        input: Any,
+        output: Any,
+        tools: Sequence[Any] | None,
+        call_id: str | None,
+        started_at: datetime | None,
+        latency_s: float | None,
+        error: BaseException | None,
+    ) -> tuple[LLMCall, dict[str, str]]:
         blobs: dict[str, str] = {}
-        input_hashes = [self._blob(lc.to_json(m), blobs) for m in lc.as_messages(input)]
-        tools_hash = self._blob(list(tools), blobs) if tools else None
-        fields: dict[str, Any] = {}
+        try:
+            messages = lc.as_messages(input)
+        except (TypeError, ValueError, NotImplementedError):
+            if error is None:
+                raise
+            messages = []  # the call failed on its unusable input: keep the error
+        fields: dict[str, Any] = {
+            "call_id": call_id or new_id(),
+            "input": [self._message_blob(m, blobs) for m in messages],
+            "tools": self._blob(canonical_json(_openai_tools(tools)), blobs) if tools else None,
+            "latency_s": latency_s,
+            "started_at": started_at or datetime.now(UTC),
+            "model": self.inference_model_name,
+        }
+        if isinstance(output, dict) and "raw" in output:  # with_structured_output(include_raw)
+            output = output["raw"]
+        if output is not None and not isinstance(output, AIMessage):
+            raise InvalidEventError(
+                f"an LLM call's output is the AIMessage the chat model returned, not a "
+                f"{type(output).__name__}"
+            )
         if output is not None:
-            output = output.get("raw", output) if isinstance(output, dict) else output
+            metadata = output.response_metadata or {}
             prompt_tokens, completion_tokens = lc.token_usage(output)
-            fields = {
-                "output": self._blob(lc.to_json(output), blobs),
+            fields |= {
+                "output": self._message_blob(output, blobs),
                 "prompt_tokens": prompt_tokens,
                 "completion_tokens": completion_tokens,
-                "finish_reason": (output.response_metadata or {}).get("finish_reason"),
-                "tool_calls": [
-                    {"id": c.get("id"), "name": c["name"], "args": c.get("args")}
-                    for c in getattr(output, "tool_calls", None) or []
-                ],
+                "finish_reason": metadata.get("finish_reason"),
+                "tool_calls": self._json(lc.tool_calls_of(output), "tool calls"),
                 "num_logprobs": lc.count_logprobs(output),
-                "model": (output.response_metadata or {}).get("model_name"),
+                "model": metadata.get("model_name") or self.inference_model_name,
             }
         if error is not None:
             fields["error_type"] = type(error).__name__
-            fields["error_message"] = self.redact(str(error))
-        started = started_at or datetime.now(UTC)
+            fields["error_message"] = self.redact(str(error) or repr(error))
+        return LLMCall(index=0, **fields), blobs  # validated here, numbered when queued
 
-        def queue() -> None:
-            event = LLMCall(
-                call_id=call_id or new_id(),
-                index=self._calls,
-                input=input_hashes,
-                tools=tools_hash,
-                latency_s=latency_s,
-                started_at=started,
-                **{"model": self.inference_model_name, **fields},
-            )
+    def _queue_llm_call(self, event: LLMCall, blobs: dict[str, str], handoff: bool = False):
+        """On the store's loop: number the call and queue its append, in arrival order."""
+        try:
+            if self._ended:
+                return  # never: the block's exit waits for calls on their way
+            new_blobs = {h: body for h, body in blobs.items() if h not in self._sent_blobs}
+            self._append(event.model_copy(update={"index": self._calls}), new_blobs)
+            self._sent_blobs.update(new_blobs)
             self._calls += 1
-            self._append(event, blobs)
+        except Exception as exc:
+            if not handoff:
+                raise
+            self._handoff_error = exc  # raised by the block's exit: nobody else can see it
+        finally:
+            if handoff:
+                self._handoff_done()
 
-        if threading.get_ident() == self._loop_thread:
-            queue()
-        else:  # a sync LangChain call in a worker thread: hand over to the store's loop
-            self._loop.call_soon_threadsafe(queue)
+    def _handoff_done(self) -> None:
+        with self._handoffs_lock:
+            self._handoffs -= 1
 
-    def _blob(self, value: Any, blobs: dict[str, str]) -> str:
-        body = self.redact(canonical_json(value))
+    def _message_blob(self, message: BaseMessage, blobs: dict[str, str]) -> str:
+        cached = self._message_hashes.get(id(message))
+        if cached is not None and cached[0] is message and cached[1] == message.__dict__:
+            digest = cached[2]
+            if digest not in self._sent_blobs:  # queued by no append yet: send it (again)
+                blobs[digest] = self.redact(lc.dump_message(message))
+            return digest
+        body = self.redact(lc.dump_message(message))
         digest = blob_hash(body)
-        if digest not in self._known_blobs:
-            self._known_blobs.add(digest)
+        self._message_hashes[id(message)] = (message, dict(message.__dict__), digest)
+        if digest not in self._sent_blobs:
+            blobs[digest] = body
+        return digest
+
+    def _blob(self, text: str, blobs: dict[str, str]) -> str:
+        body = self.redact(text)
+        digest = blob_hash(body)
+        if digest not in self._sent_blobs:
             blobs[digest] = body
         return digest
 
@@ -171,15 +289,30 @@ class Rollout:
     def _json(self, value: Any, what: str) -> Any:
         """`value` as stored: JSON, secrets redacted; a clear error if it is not JSON."""
         try:
-            text = canonical_json(value)
+            text = canonical_json(to_json_value(value))
         except (TypeError, ValueError) as exc:
             raise InvalidEventError(f"the {what} is not JSON-serializable: {exc}") from None
-        return json.loads(self.redact(text))
+        return json.loads(self.redact(text)) if self.redact else json.loads(text)
 
     async def _settle(self) -> None:
+        """Wait until every call recorded so far, from any thread, is committed."""
+        while self._handoffs > 0:  # calls of worker threads still on their way to the loop
+            await asyncio.sleep(0.001)
+        if self._handoff_error is not None:
+            error, self._handoff_error = self._handoff_error, None
+            raise error
         pending, self._pending = self._pending, []
         if pending:
             await asyncio.gather(*pending)
+
+    def _failure(self, exc: BaseException, duration_s: float) -> RolloutFailed:
+        return RolloutFailed(
+            rollout_id=self.id,
+            error_type=type(exc).__name__,
+            error_message=self.redact(str(exc) or repr(exc)),
+            traceback=self.redact("".join(traceback.format_exception(exc))),
+            duration_s=duration_s,
+        )
 
 
 @asynccontextmanager
@@ -214,7 +347,7 @@ async def rollout(
         role=role,
         policy_step=policy_step,
         inference_model_name=recorder.inference_model_name,
-        inference_base_url=redact(recorder.inference_base_url)
+        inference_base_url=redact_url(recorder.inference_base_url)
         if recorder.inference_base_url
         else None,
         started_at=datetime.now(UTC),
@@ -224,45 +357,27 @@ async def rollout(
     token = CURRENT_ROLLOUT.set(recorder)
     art_token = _install_art_logger(recorder)
     try:
-        yield recorder
-    except BaseException as exc:
-        _reset(token, art_token)
-        await recorder._settle()
-        recorder._append(
-            RolloutFailed(
-                rollout_id=recorder.id,
-                error_type=type(exc).__name__,
-                error_message=recorder.redact(str(exc)),
-                traceback=recorder.redact("".join(traceback.format_exception(exc))),
-                duration_s=time.monotonic() - clock,
-            )
-        )
-        await recorder._settle()
-        raise
-    _reset(token, art_token)
-    try:
+        try:
+            yield recorder
+        finally:
+            _reset(token, art_token)
+            recorder.closed = True  # no new calls; those on their way are still recorded
         finished = RolloutFinished(
             rollout_id=recorder.id,
             result=recorder._json(recorder.result, "agent's result"),
             duration_s=time.monotonic() - clock,
             metrics=recorder.metrics,
-            metadata=recorder.metadata,
+            metadata=recorder._json(recorder.metadata, "metadata"),
             logs=[recorder.redact(line) for line in recorder.logs],
         )
-    except Exception as exc:  # an unusable result fails the rollout, recorded as such
         await recorder._settle()
-        recorder._append(
-            RolloutFailed(
-                rollout_id=recorder.id,
-                error_type=type(exc).__name__,
-                error_message=str(exc),
-                traceback="".join(traceback.format_exception(exc)),
-                duration_s=time.monotonic() - clock,
-            )
-        )
+    except BaseException as exc:  # the agent failed, its result is unusable, or a call was
+        await recorder._settle()
+        recorder._ended = True
+        recorder._append(recorder._failure(exc, time.monotonic() - clock))
         await recorder._settle()
         raise
-    await recorder._settle()
+    recorder._ended = True
     recorder._append(finished)
     await recorder._settle()
 
@@ -288,7 +403,11 @@ def _reset(token: contextvars.Token, art: tuple[contextvars.ContextVar, contextv
 
 
 class ArtLogger:
-    """Stands where ART's `FileLogger` stood: `log(name, entry)` records an LLM call event."""
+    """Stands where ART's `FileLogger` stood: `log(name, entry)` records an LLM call event.
+
+    ART's wrapper logs only successful calls and cannot time them: their `latency_s` is
+    None (`artstore.langgraph.init_chat_model` records both).
+    """
 
     def __init__(self, recorder: Rollout) -> None:
         self.recorder = recorder

@@ -19,13 +19,16 @@ from artstore.events import (
     RolloutFinished,
     RolloutStarted,
     RunFinished,
+    RunImported,
     RunResumed,
     RunStarted,
     TrainStepCompleted,
     TrainStepFailed,
     TrainStepStarted,
+    TrajectoryImported,
 )
 from artstore.eventstore.store import RecordedEvent, recorded_from_row
+from artstore.projections.imported import blob_hashes, imported_message_rows, load_bodies
 from artstore.projections.trajectories import load_calls, merge_conversations, message_rows
 from artstore.schema import tables as t
 
@@ -359,3 +362,43 @@ async def _checkpoint_pushed(c: AsyncConnection, e: CheckpointPushed, r: Recorde
         )
         .values(pushed_to=e.destination or "pushed")
     )
+
+
+# --- imports (`artstore import`) ----------------------------------------------------------
+
+
+@handles(RunImported)
+async def _run_imported(c: AsyncConnection, e: RunImported, r: RecordedEvent) -> None:
+    if (await c.execute(select(t.runs.c.run).where(t.runs.c.run == e.run))).first() is None:
+        await c.execute(
+            t.runs.insert().values(
+                run=e.run,
+                project=e.project,
+                model=e.model,
+                base_model=e.base_model,
+                validation_model=e.validation_model,
+                scorer=e.scorer,
+                status="imported",
+                config=e.config,
+                num_scenarios=0,
+                started_at=r.recorded_at,
+                finished_at=r.recorded_at,
+            )
+        )
+
+
+@handles(TrajectoryImported)
+async def _trajectory_imported(c: AsyncConnection, e: TrajectoryImported, r: RecordedEvent) -> None:
+    # Follows the rollout's end: messages are projected for a finished rollout only, as
+    # `_rollout_finished` does for a recorded one.
+    status = (
+        await c.execute(
+            update(t.rollouts)
+            .where(t.rollouts.c.rollout_id == e.rollout_id)
+            .values(imported=True)
+            .returning(t.rollouts.c.status)
+        )
+    ).scalar()
+    rows = imported_message_rows(e, await load_bodies(c, blob_hashes([e])))
+    if rows and status == "finished":
+        await c.execute(t.trajectory_messages.insert(), rows)

@@ -12,10 +12,12 @@ objects, built by ART's own `convert_langgraph_messages`.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pydantic_core
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -26,50 +28,91 @@ from artstore.schema.tables import blobs, events
 if TYPE_CHECKING:
     import art
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class Call:
-    """What ART's logger receives for one call: input messages, output, tools offered."""
+    """What ART's logger receives for one call: input messages, output, tools offered.
+
+    `input_hashes` / `output_hash` are the blob hashes the messages were read from (None
+    for calls built in memory): equal hashes mean equal messages, which spares the merge
+    a deep comparison of logprobs.
+    """
 
     input: list[BaseMessage]
     output: AIMessage
     tools: list[dict[str, Any]] | None
+    input_hashes: list[str] | None = None
+    output_hash: str | None = None
 
 
 @dataclass
 class Conversation:
     messages: list[BaseMessage]
     tools: list[dict[str, Any]] | None
+    hashes: list[str | None] | None = None
+
+
+def _without_tool_messages(
+    messages: list[BaseMessage], hashes: list[str | None]
+) -> list[tuple[str | None, BaseMessage]]:
+    return [(h, m) for h, m in zip(hashes, messages, strict=True) if not isinstance(m, ToolMessage)]
+
+
+def _same(a: list[tuple[str | None, BaseMessage]], b: list[tuple[str | None, BaseMessage]]) -> bool:
+    """`[m for m in a] == [m for m in b]`, deciding by hash where both have one."""
+    return len(a) == len(b) and all(
+        (ha is not None and ha == hb) or ma == mb for (ha, ma), (hb, mb) in zip(a, b, strict=True)
+    )
 
 
 def merge_conversations(calls: Iterable[Call]) -> list[Conversation]:
-    """ART's conversation-merging rule, over the calls of one rollout in order."""
+    """ART's conversation-merging rule (`create_messages_from_logs`), over one rollout's calls."""
     conversations: list[Conversation] = []
+    keys: list[list[tuple[str | None, BaseMessage]]] = []  # each conversation without tools
     for call in calls:
-        new_non_tool = [m for m in call.input if not isinstance(m, ToolMessage)]
-        if new_non_tool and isinstance(new_non_tool[-1], HumanMessage):
+        input_hashes: list[str | None] = list(call.input_hashes or [None] * len(call.input))
+        new_non_tool = _without_tool_messages(call.input, input_hashes)
+        if new_non_tool and isinstance(new_non_tool[-1][1], HumanMessage):
             new_non_tool = new_non_tool[:-1]
-        grown = Conversation([*call.input, call.output], call.tools)
-        for index, existing in enumerate(conversations):
-            if [m for m in existing.messages if not isinstance(m, ToolMessage)] == new_non_tool:
+        grown = Conversation(
+            [*call.input, call.output], call.tools, [*input_hashes, call.output_hash]
+        )
+        for index, existing in enumerate(keys):
+            if _same(existing, new_non_tool):
                 conversations[index] = grown
+                keys[index] = _without_tool_messages(grown.messages, grown.hashes or [])
                 break
         else:
             conversations.append(grown)
+            keys.append(_without_tool_messages(grown.messages, grown.hashes or []))
     return conversations
 
 
-async def load_calls(
-    connection: AsyncConnection, rollout_ids: Iterable[str]
-) -> dict[str, list[Call]]:
-    """The successful LLM calls of each rollout, rebuilt as LangChain messages."""
-    streams = {f"rollout-{rollout_id}": rollout_id for rollout_id in rollout_ids}
-    found: dict[str, list[Call]] = {rollout_id: [] for rollout_id in streams.values()}
-    stream_ids = list(streams)
-    rows: list[Any] = []
-    for start in range(0, len(stream_ids), 500):
-        rows += (
-            await connection.execute(
+class StoredCalls:
+    """The successful LLM calls of some rollouts, as stored: event payloads and blob texts.
+
+    Read with two queries per 500 rollouts (their `llm.call` events, then the distinct
+    blobs they name). `calls(rollout_id)` parses one rollout's messages when asked, each
+    message once: a rebuild holds one rollout's parsed messages at a time, not all of
+    them (thousands of parsed logprob entries kept alive make Python's garbage collector
+    the slowest part of a rebuild).
+    """
+
+    def __init__(self, by_rollout: dict[str, list[dict[str, Any]]], bodies: dict[str, str]):
+        self.by_rollout = by_rollout
+        self.bodies = bodies
+
+    @classmethod
+    async def load(cls, connection: AsyncConnection, rollout_ids: Iterable[str]) -> StoredCalls:
+        streams = {f"rollout-{rollout_id}": rollout_id for rollout_id in rollout_ids}
+        by_rollout: dict[str, list[dict[str, Any]]] = {
+            rollout_id: [] for rollout_id in streams.values()
+        }
+        stream_ids = list(streams)
+        for start in range(0, len(stream_ids), 500):
+            query = (
                 select(events.c.stream_id, events.c.data)
                 .where(
                     events.c.stream_id.in_(stream_ids[start : start + 500]),
@@ -77,29 +120,64 @@ async def load_calls(
                 )
                 .order_by(events.c.stream_id, events.c.version)
             )
-        ).all()
-    calls = [(row.stream_id, _as_dict(row.data)) for row in rows]
-    calls = [(stream, data) for stream, data in calls if data.get("output")]
-    hashes = {h for _, data in calls for h in [*data["input"], data["output"], data.get("tools")]}
-    bodies = await _blob_documents(connection, {h for h in hashes if h})
-    for stream, data in calls:
-        inputs = from_json([bodies[h] for h in data["input"]])
-        (output,) = from_json([bodies[data["output"]]])
-        tools = bodies[data["tools"]] if data.get("tools") else None
-        found[streams[stream]].append(Call(inputs, output, tools))
-    return found
+            for row in await connection.execute(query):
+                data = _as_dict(row.data)
+                if data.get("output"):  # failed calls: ART never sees them
+                    by_rollout[streams[row.stream_id]].append(data)
+        hashes = {
+            h
+            for calls in by_rollout.values()
+            for data in calls
+            for h in [*data["input"], data["output"], data.get("tools")]
+            if h
+        }
+        return cls(by_rollout, await _blob_bodies(connection, hashes))
+
+    def calls(self, rollout_id: str) -> list[Call]:
+        """One rollout's calls as LangChain messages, in order."""
+        built: dict[str, Any] = {}
+
+        def document(digest: str) -> Any:
+            if digest not in built:
+                built[digest] = pydantic_core.from_json(self.bodies[digest])
+            return built[digest]
+
+        messages: dict[str, BaseMessage] = {}
+
+        def message(digest: str) -> BaseMessage:
+            if digest not in messages:
+                messages[digest] = from_json([document(digest)])[0]
+            return messages[digest]
+
+        return [
+            Call(
+                input=[message(h) for h in data["input"]],
+                output=message(data["output"]),  # type: ignore[arg-type]
+                tools=document(data["tools"]) if data.get("tools") else None,
+                input_hashes=list(data["input"]),
+                output_hash=data["output"],
+            )
+            for data in self.by_rollout[rollout_id]
+        ]
 
 
-async def _blob_documents(connection: AsyncConnection, hashes: set[str]) -> dict[str, Any]:
-    wanted = list(hashes)
-    documents: dict[str, Any] = {}
+async def load_calls(
+    connection: AsyncConnection, rollout_ids: Iterable[str]
+) -> dict[str, list[Call]]:
+    """The successful LLM calls of each rollout, rebuilt as LangChain messages."""
+    stored = await StoredCalls.load(connection, rollout_ids)
+    return {rollout_id: stored.calls(rollout_id) for rollout_id in stored.by_rollout}
+
+
+async def _blob_bodies(connection: AsyncConnection, hashes: set[str]) -> dict[str, str]:
+    wanted = sorted(hashes)
+    bodies: dict[str, str] = {}
     for start in range(0, len(wanted), 500):
         query = select(blobs.c.hash, blobs.c.body).where(
             blobs.c.hash.in_(wanted[start : start + 500])
         )
-        for row in await connection.execute(query):
-            documents[row.hash] = json.loads(row.body)
-    return documents
+        bodies.update({row.hash: row.body for row in await connection.execute(query)})
+    return bodies
 
 
 def _as_dict(data: Any) -> dict[str, Any]:
@@ -129,7 +207,11 @@ def build_trajectory(
         final_policy_version=policy_step,
     )
     for index, conversation in enumerate(conversations):
-        converted = convert_langgraph_messages(conversation.messages)
+        try:
+            converted = convert_langgraph_messages(conversation.messages)
+        except Exception as exc:  # ART skips a conversation it cannot convert; so do we
+            logger.warning("conversation %d left out, as ART leaves it: %r", index, exc)
+            continue
         if index == 0:
             trajectory.messages_and_choices = converted
             trajectory.tools = conversation.tools  # type: ignore[assignment]

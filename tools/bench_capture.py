@@ -1,0 +1,483 @@
+"""What recording LLM calls costs: artstore against ART's own `FileLogger`, side by side.
+
+The workload: 64 rollouts x 6 LLM calls. Each call's output is an assistant message with
+200 tokens of logprobs (as ART's vLLM server returns them, and as langchain-openai puts
+them in `response_metadata`), a tool call on the first five turns; the conversation grows
+each turn (assistant message + tool result), and each call's input is the whole
+conversation so far. The LangChain messages are synthesized directly (no HTTP).
+
+The peers:
+
+- `FileLogger`: ART's `art.langgraph.logging.FileLogger`, what `art.langgraph` records with:
+  per call, the entry `{"input", "output", "tools"}` appended as a pickle to
+  `<thread>.pkl` and as text to `<thread>`; trajectories rebuilt by ART's
+  `create_messages_from_logs` (which unpickles the file: only done inside this peer);
+- `artstore (sqlite)` / `artstore (postgresql)`: `store.rollout(...)` and
+  `rollout.record_llm_call(input, output, tools=...)`; trajectories rebuilt by
+  `store.trajectories(ids)`.
+
+The 64 rollouts run concurrently as asyncio tasks with a `sleep(0)` between calls (where
+the LLM call would wait), so artstore's writer commits while the "agents" work, as it does
+for real agents. Measured:
+
+- bytes stored per rollout. FileLogger: the size of its two files. artstore, logical: the
+  length of each `llm.call` / `rollout.*` event's JSON payload plus each blob body it is the
+  first to store (a blob shared with another rollout, such as the tool list, counted once);
+  artstore on disk: the database's growth (SQLite file + WAL after a checkpoint;
+  `pg_database_size` on PostgreSQL), every projection table and index included;
+- time added per LLM call: the time inside `logger.log(...)` / `record_llm_call(...)`,
+  the caller-visible cost (median and p99 over the 384 calls);
+- time to rebuild all 64 trajectories (best of 3 rounds, the peers interleaved).
+
+It also checks that nothing training needs was lost: every trajectory artstore rebuilds
+equals, field by field (Choice objects with their logprobs, tools, additional
+histories), the one ART rebuilds from its pickles.
+
+Run it from the repository root:
+
+    python tools/bench_capture.py                      # SQLite and PostgreSQL
+    python tools/bench_capture.py --databases sqlite
+
+PostgreSQL comes from `--postgres-url`, else `$ARTSTORE_BENCH_POSTGRES_URL`, else
+`postgresql://postgres@127.0.0.1:5432/test`; the user must be allowed to create databases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import psycopg
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import select, text
+from sqlalchemy.engine import make_url
+
+import artstore
+from artstore.eventstore.blobs import canonical_json
+from artstore.schema import tables as t
+from artstore.testing.inference_server import token_logprobs
+
+ROLLOUTS = 64
+TURNS = 6
+OUTPUT_TOKENS = 200
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+# --- the workload ---------------------------------------------------------------------------
+
+
+@tool
+def search(query: str, limit: int = 5) -> str:
+    """Search the knowledge base."""
+    return ""
+
+
+@tool
+def read_document(document_id: str) -> str:
+    """Read one document of the knowledge base."""
+    return ""
+
+
+TOOLS = [convert_to_openai_tool(search), convert_to_openai_tool(read_document)]
+
+
+def assistant_message(rollout: int, turn: int) -> AIMessage:
+    """An answer as langchain-openai builds it from ART's vLLM server: 200 tokens of logprobs."""
+    words = [f"w{rollout}x{turn}y{i}" for i in range(OUTPUT_TOKENS)]
+    content = " ".join(words)
+    logprobs = token_logprobs(content)
+    assert len(logprobs) == OUTPUT_TOKENS
+    last = turn == TURNS - 1
+    tool_calls = (
+        []
+        if last
+        else [
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "name": "search",
+                "args": {"query": f"question {rollout} step {turn}", "limit": 5},
+            }
+        ]
+    )
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    return AIMessage(
+        content=content,
+        tool_calls=tool_calls,
+        id=f"lc_run--{uuid.uuid4()}",
+        usage_metadata={
+            "input_tokens": 400 * (turn + 1),
+            "output_tokens": OUTPUT_TOKENS,
+            "total_tokens": 400 * (turn + 1) + OUTPUT_TOKENS,
+        },
+        response_metadata={
+            "token_usage": {
+                "prompt_tokens": 400 * (turn + 1),
+                "completion_tokens": OUTPUT_TOKENS,
+                "total_tokens": 400 * (turn + 1) + OUTPUT_TOKENS,
+            },
+            "model_name": "agent-001",
+            "system_fingerprint": "vllm",
+            "id": completion_id,
+            "service_tier": None,
+            "finish_reason": "stop" if last else "tool_calls",
+            "logprobs": {"content": logprobs, "refusal": None},
+            "model_provider": "openai",
+        },
+    )
+
+
+def tool_result(rollout: int, turn: int, call_id: str) -> ToolMessage:
+    text_ = " ".join(f"result {rollout}.{turn}.{i}: a line of a document" for i in range(20))
+    return ToolMessage(content=text_, tool_call_id=call_id, id=str(uuid.uuid4()))
+
+
+@dataclass
+class Rollout:
+    """The calls of one synthetic rollout: (input messages, output) per turn."""
+
+    index: int
+    calls: list[tuple[list[BaseMessage], AIMessage]] = field(default_factory=list)
+
+
+def synthesize() -> list[Rollout]:
+    rollouts = []
+    for r in range(ROLLOUTS):
+        conversation: list[BaseMessage] = [
+            SystemMessage("You are a research agent. Use the tools, then answer.", id="sys"),
+            HumanMessage(f"Question number {r}: what does the knowledge base say?", id=f"h{r}"),
+        ]
+        rollout = Rollout(r)
+        for turn in range(TURNS):
+            output = assistant_message(r, turn)
+            rollout.calls.append((list(conversation), output))
+            conversation.append(output)
+            if output.tool_calls:
+                conversation.append(tool_result(r, turn, output.tool_calls[0]["id"]))
+        rollouts.append(rollout)
+    return rollouts
+
+
+# --- measuring ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    peer: str
+    bytes_per_rollout: float
+    disk_bytes_per_rollout: float
+    call_times_s: list[float]
+    record_wall_s: float
+    rebuild: Callable[[], Awaitable[dict[int, Any]]]  # all trajectories, by rollout index
+    close: Callable[[], Awaitable[None]]
+    rebuild_s: float = float("inf")  # best of the rounds
+    trajectories: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.call_times_s) * 1000
+
+    @property
+    def p99_ms(self) -> float:
+        return statistics.quantiles(self.call_times_s, n=100)[98] * 1000
+
+
+async def run_calls(rollouts: list[Rollout], record) -> tuple[list[float], float]:
+    """Every rollout as a task; `record(rollout, input, output)` is the timed call."""
+    times: list[float] = []
+    clock = time.perf_counter()
+
+    async def one(rollout: Rollout) -> None:
+        async with record.rollout(rollout) as recorder:
+            for input_messages, output in rollout.calls:
+                await asyncio.sleep(0)  # the LLM call: others run meanwhile
+                start = time.perf_counter()
+                recorder(input_messages, output)
+                times.append(time.perf_counter() - start)
+
+    await asyncio.gather(*(one(r) for r in rollouts))
+    return times, time.perf_counter() - clock
+
+
+class FileLoggerPeer:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.paths: dict[int, str] = {}
+
+    def rollout(self, rollout: Rollout):
+        from contextlib import asynccontextmanager
+
+        from art.langgraph.logging import FileLogger
+
+        path = str(self.folder / str(uuid.uuid4()))
+        self.paths[rollout.index] = path
+        logger = FileLogger(path)
+
+        @asynccontextmanager
+        async def context():
+            def record(input_messages, output):
+                entry = {"input": input_messages, "output": output, "tools": TOOLS}
+                logger.log(str(uuid.uuid4()), entry)
+
+            yield record
+
+        return context()
+
+    def rebuild(self) -> dict[int, Any]:
+        import art
+        from art.langgraph.llm_wrapper import create_messages_from_logs
+
+        return {
+            index: create_messages_from_logs(path, art.Trajectory(messages_and_choices=[]))
+            for index, path in self.paths.items()
+        }
+
+    def bytes_stored(self) -> int:
+        return sum(p.stat().st_size for p in self.folder.iterdir())
+
+
+async def bench_file_logger(rollouts: list[Rollout], folder: Path) -> Result:
+    peer = FileLoggerPeer(folder)
+    times, wall = await run_calls(rollouts, peer)
+    stored = peer.bytes_stored() / ROLLOUTS
+
+    async def rebuild() -> dict[int, Any]:
+        return peer.rebuild()
+
+    async def close() -> None:
+        pass
+
+    return Result("FileLogger (ART)", stored, stored, times, wall, rebuild, close)
+
+
+class ArtstorePeer:
+    def __init__(self, store: artstore.Store) -> None:
+        self.store = store
+        self.ids: dict[int, str] = {}
+
+    def rollout(self, rollout: Rollout):
+        from contextlib import asynccontextmanager
+
+        @asynccontextmanager
+        async def context():
+            async with self.store.rollout("agent-001", scenario={"index": rollout.index}) as r:
+                self.ids[rollout.index] = r.id
+
+                def record(input_messages, output):
+                    r.record_llm_call(input_messages, output, tools=TOOLS)
+
+                yield record
+
+        return context()
+
+
+async def bench_artstore(rollouts: list[Rollout], url: str, name: str) -> Result:
+    store = await artstore.open_store(url)
+    await store.flush()
+    disk_before = await disk_size(store)
+    peer = ArtstorePeer(store)
+    times, wall = await run_calls(rollouts, peer)
+    disk_after = await disk_size(store)
+    logical = await logical_bytes(store, list(peer.ids.values()))
+    ids = [peer.ids[r.index] for r in rollouts]
+
+    async def rebuild() -> dict[int, Any]:
+        found = await store.trajectories(ids)
+        return {r.index: found[peer.ids[r.index]] for r in rollouts}
+
+    return Result(
+        name,
+        logical / ROLLOUTS,
+        (disk_after - disk_before) / ROLLOUTS,
+        times,
+        wall,
+        rebuild,
+        store.close,
+    )
+
+
+async def logical_bytes(store: artstore.Store, rollout_ids: list[str]) -> int:
+    """Event payloads of these rollouts, plus the blob bodies they reference (each once)."""
+    streams = await store.read_streams(f"rollout-{rollout_id}" for rollout_id in rollout_ids)
+    total, hashes = 0, set()
+    for recorded in streams.values():
+        for event in recorded:
+            total += len(canonical_json(event.data))
+            if event.type == "llm.call":
+                hashes |= {*event.data["input"], event.data["output"], event.data["tools"]}
+    async with store.database.read() as connection:
+        for start in range(0, len(hashes), 500):
+            chunk = sorted(hashes)[start : start + 500]
+            query = select(t.blobs.c.size).where(t.blobs.c.hash.in_(chunk))
+            total += sum(row.size for row in await connection.execute(query))
+    return total
+
+
+async def disk_size(store: artstore.Store) -> int:
+    async with store.database.read() as connection:
+        if store.dialect == "postgresql":
+            query = text("SELECT pg_database_size(current_database())")
+            return (await connection.execute(query)).scalar()
+        await connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        path = Path(store.database.url.database)
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
+
+
+async def time_rebuilds(results: list[Result], rounds: int) -> None:
+    """Each peer's rebuild, `rounds` times, peers interleaved (the machine may be noisy)."""
+    for round_ in range(rounds):
+        for result in results[round_ % len(results) :] + results[: round_ % len(results)]:
+            gc.collect()
+            start = time.perf_counter()
+            trajectories = await result.rebuild()
+            elapsed = time.perf_counter() - start
+            if elapsed < result.rebuild_s:
+                result.rebuild_s, result.trajectories = elapsed, trajectories
+            del trajectories
+
+
+# --- nothing lost -------------------------------------------------------------------------------
+
+
+def dump_history(messages_and_choices: list[Any]) -> list[Any]:
+    from openai.types.chat.chat_completion import Choice
+
+    return [
+        ("choice", item.model_dump()) if isinstance(item, Choice) else ("message", dict(item))
+        for item in messages_and_choices
+    ]
+
+
+def dump(trajectory: Any) -> Any:
+    return (
+        dump_history(trajectory.messages_and_choices),
+        trajectory.tools,
+        [(dump_history(h.messages_and_choices), h.tools) for h in trajectory.additional_histories],
+    )
+
+
+def same_trajectories(ours: Result, arts: Result) -> bool:
+    return all(dump(ours.trajectories[i]) == dump(arts.trajectories[i]) for i in range(ROLLOUTS))
+
+
+# --- the run -------------------------------------------------------------------------------
+
+
+def create_postgres_database(admin_url: str) -> tuple[str, str]:
+    admin = make_url(admin_url).set(drivername="postgresql")
+    conninfo = admin.render_as_string(hide_password=False)
+    name = f"bench_capture_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        connection.execute(f'CREATE DATABASE "{name}"')
+    return conninfo, admin.set(database=name).render_as_string(hide_password=False)
+
+
+def drop_postgres_database(conninfo: str, url: str) -> None:
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        connection.execute(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)')
+
+
+async def main(databases: list[str], postgres_url: str, rounds: int) -> int:
+    console = Console(width=160)
+    console.print(
+        f"{ROLLOUTS} rollouts x {TURNS} LLM calls x {OUTPUT_TOKENS} output tokens with logprobs, "
+        "the conversation growing each turn"
+    )
+    rollouts = synthesize()
+    results: list[Result] = []
+    postgres: tuple[str, str] | None = None
+    with tempfile.TemporaryDirectory(prefix="bench_capture_") as folder:
+        try:
+            (Path(folder) / "art").mkdir()
+            results.append(await bench_file_logger(rollouts, Path(folder) / "art"))
+            if "sqlite" in databases:
+                url = f"sqlite:///{Path(folder) / 'artstore.db'}"
+                results.append(await bench_artstore(rollouts, url, "artstore (sqlite)"))
+            if "postgresql" in databases:
+                postgres = create_postgres_database(postgres_url)
+                results.append(await bench_artstore(rollouts, postgres[1], "artstore (postgresql)"))
+            await time_rebuilds(results, rounds)
+        finally:
+            for result in results:
+                await result.close()
+            if postgres is not None:
+                drop_postgres_database(*postgres)
+
+    arts = results[0]
+    table = Table(title="Recording LLM calls: bytes, caller-visible time, rebuild time")
+    for column in (
+        "peer",
+        "stored / rollout",
+        "on disk / rollout",
+        "vs FileLogger",
+        "per call median",
+        "per call p99",
+        "record all (wall)",
+        "rebuild 64 trajectories",
+    ):
+        table.add_column(column, justify="left" if column == "peer" else "right")
+    for result in results:
+        table.add_row(
+            result.peer,
+            f"{result.bytes_per_rollout / 1024:.1f} KiB",
+            f"{result.disk_bytes_per_rollout / 1024:.1f} KiB",
+            f"{result.bytes_per_rollout / arts.bytes_per_rollout:.1%}",
+            f"{result.median_ms:.3f} ms",
+            f"{result.p99_ms:.3f} ms",
+            f"{result.record_wall_s:.2f} s",
+            f"{result.rebuild_s * 1000:.0f} ms",
+        )
+    console.print(table)
+
+    failures = 0
+    for result in results[1:]:
+        checks = [
+            (
+                "stored bytes per rollout <= 20% of FileLogger's",
+                result.bytes_per_rollout <= 0.2 * arts.bytes_per_rollout,
+            ),
+            ("median time added per LLM call < 1 ms", result.median_ms < 1.0),
+            (
+                "rebuilding trajectories no slower than FileLogger's",
+                result.rebuild_s <= arts.rebuild_s,
+            ),
+            ("every trajectory equals ART's, field by field", same_trajectories(result, arts)),
+        ]
+        for label, ok in checks:
+            failures += not ok
+            console.print(f"{'PASS' if ok else 'FAIL'}  {result.peer}: {label}")
+    return 1 if failures else 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--databases", nargs="+", choices=["sqlite", "postgresql"], default=["sqlite", "postgresql"]
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("ARTSTORE_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL),
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rebuilds timed per peer (best)")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = parse_args(sys.argv[1:])
+    sys.exit(asyncio.run(main(args.databases, args.postgres_url, args.rounds)))
