@@ -7,8 +7,9 @@ append with the same objects writes nothing twice.
 
 Streams:
 
-- `run-<run>`: run started / resumed / finished;
-- `rollout-<rollout id>`: rollout started, one `llm.call` per LLM call, finished or failed;
+- `run-<run>`: run started / resumed / finished (or `run.imported`, once per import);
+- `rollout-<rollout id>`: rollout started, one `llm.call` per LLM call, finished or failed
+  (an imported rollout ends with `trajectory.imported` instead of having LLM calls);
 - `group-<group id>`: rewards per scorer, group sealed;
 - `train-<run>`: train step started / completed / failed / reconciled, checkpoint pushed.
 """
@@ -240,6 +241,54 @@ class CheckpointPushed(Event):
     model: str
     step: int
     destination: str | None = None
+
+
+# --- imports (`artstore import`: trajectories recorded elsewhere) ----------------------------
+
+
+@event_type("run.imported")
+class RunImported(Event):
+    """Trajectories of `run` were imported from a file (one event per import of a source)."""
+
+    run: str
+    project: str
+    model: str
+    base_model: str | None = None
+    validation_model: str | None = None
+    scorer: str
+    config: dict[str, JSONValue] = {}
+    source: Literal["parquet", "jsonl"]
+    path: str  # what was imported, as given
+
+
+class ImportedHistory(BaseModel):
+    """One history of an imported trajectory, its items as content-addressed blobs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    items: list[str]  # blob hashes: each a message dict or a Choice's JSON dump
+    choices: list[int] = []  # positions of `items` rebuilt as openai `Choice` objects
+    trainable: list[int] = []  # positions the source marked trainable (ART's parquet flag)
+    tools: str | None = None  # blob hash of the tool list
+
+
+@event_type("trajectory.imported")
+class TrajectoryImported(Event):
+    """The trajectory of an imported rollout, exactly as it was (it has no `llm.call`).
+
+    Follows the rollout's `rollout.finished` (or `rollout.failed`) in its stream.
+    `histories[0]` is `messages_and_choices`, the others `additional_histories`.
+    """
+
+    rollout_id: str
+    source: Literal["parquet", "jsonl"]
+    path: str
+    histories: list[ImportedHistory]
+    initial_policy_version: int | None = None
+    final_policy_version: int | None = None
+    split: str | None = None  # parquet: `trajectories/<split>/<step>.parquet`
+    step: int | None = None
+    group_index: int | None = None
 
 
 def encode_event(event: Event) -> tuple[str, dict[str, Any]]:

@@ -1,0 +1,185 @@
+"""`artstore export` and `artstore import`: runs to and from files.
+
+artstore export RUN OUT_DIR --format parquet    # ART's trajectories/<split>/<step>.parquet
+artstore export RUN run.jsonl                   # lossless JSONL, one line per rollout
+artstore import .art/my-project/models/agent-001 --run agent-001-from-art
+artstore import run.jsonl --url postgresql://...
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from artstore.cli.app import UrlOption, console, err_console, fail, run
+
+
+class ExportFormat(StrEnum):
+    parquet = "parquet"
+    jsonl = "jsonl"
+
+
+def export(
+    run_name: Annotated[str, typer.Argument(metavar="RUN", help="The run to export.")],
+    out: Annotated[
+        str,
+        typer.Argument(
+            metavar="OUT",
+            help="parquet: a directory (trajectories/<split>/<step>.parquet go under it); "
+            "jsonl: a file, or - for stdout.",
+        ),
+    ],
+    format: Annotated[
+        ExportFormat | None,
+        typer.Option(
+            "--format",
+            help="parquet (ART's layout, readable by ART) or jsonl (lossless). "
+            "Default: jsonl when OUT ends with .jsonl or is -, else parquet.",
+            show_default=False,
+        ),
+    ] = None,
+    scorer: Annotated[
+        str | None,
+        typer.Option(help="parquet: whose rewards to write (default: the run's scorer)."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="parquet: number the files by this trained model's steps (project/name; "
+            "default: the run's own model)."
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="parquet: overwrite existing files.")
+    ] = False,
+    url: UrlOption = None,
+) -> None:
+    """Write a run to files: ART's trajectory parquet layout, or artstore's lossless JSONL.
+
+    parquet: policy groups under trajectories/train/<step>.parquet, the step after the train
+    step that consumed them; validation trajectories under val/; groups never trained under
+    unconsumed/<batch>.parquet (and unconsumed_val/). ART's format keeps no logprobs and no
+    additional histories. jsonl keeps everything and imports back with `artstore import`.
+    """
+    chosen = format or (
+        ExportFormat.jsonl if out == "-" or out.endswith(".jsonl") else ExportFormat.parquet
+    )
+    if chosen is ExportFormat.jsonl and (scorer or model or force):
+        raise fail("--scorer, --model and --force apply to --format parquet only")
+
+    async def work() -> None:
+        import artstore
+        from artstore.exchange import export_jsonl, export_parquet
+
+        async with await artstore.open_store(url) as store:
+            if chosen is ExportFormat.jsonl:
+                summary = await export_jsonl(store, run_name, out)
+            else:
+                summary = await export_parquet(
+                    store, run_name, Path(out), scorer=scorer, model=model, force=force
+                )
+        # Progress and notes go to stderr: `export RUN -` writes the JSONL to stdout.
+        where = "stdout" if out == "-" else out
+        what = f"{summary.trajectories} trajectories in {summary.groups} groups"
+        if chosen is ExportFormat.jsonl:
+            err_console.print(f"wrote {what} of run {run_name!r} to {where}", highlight=False)
+        else:
+            console.print(
+                f"wrote {what} of run {run_name!r} to {_count(len(summary.files), 'file')} under "
+                f"{Path(out) / 'trajectories'}",
+                highlight=False,
+            )
+        by = repr(scorer) if scorer else "the run's scorer"
+        left_out = [
+            (summary.unscored_groups, f"groups without a reward by {by}"),
+            (summary.unsealed_groups, "unsealed groups"),
+            (summary.failed_rollouts if chosen is ExportFormat.parquet else 0, "failed rollouts"),
+            (summary.running_rollouts, "rollouts still running"),
+        ]
+        for count, what in left_out:
+            if count:
+                err_console.print(f"left out: {count} {what}", highlight=False)
+
+    run(work)
+
+
+def import_(
+    path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="PATH",
+            help="An ART trajectory .parquet file, a directory of them (as model.log writes: "
+            "<project>/models/<name>/trajectories/<split>/<step>.parquet), or a .jsonl export.",
+            show_default=False,
+        ),
+    ],
+    run_name: Annotated[
+        str | None,
+        typer.Option(
+            "--run",
+            help="Import into this run. Default: the JSONL's run, or <project>/<name> from "
+            "ART's layout, else the file's name.",
+            show_default=False,
+        ),
+    ] = None,
+    scorer: Annotated[
+        str, typer.Option(help="parquet: the scorer name the parquet's rewards are kept under.")
+    ] = "imported",
+    url: UrlOption = None,
+) -> None:
+    """Bring trajectories recorded elsewhere into the store, as imported rollouts.
+
+    Rollouts, rewards and groups land in the same tables as recorded ones (rollouts marked
+    imported) and `store.trajectory(id)` returns them as they were. Importing the same file
+    again writes nothing; each group is imported whole or not at all, and a file that does
+    not validate, or clashes with what the store holds, imports nothing.
+    """
+
+    async def work() -> None:
+        import artstore
+        from artstore.exchange import import_path
+
+        async with await artstore.open_store(url) as store:
+            summary = await import_path(store, path, run=run_name, scorer=scorer)
+        source = f"{summary.files} parquet files" if summary.source == "parquet" else str(path)
+        if summary.source == "parquet" and summary.files == 1:
+            source = str(path)
+        if summary.written_rollouts:
+            again = summary.rollouts - summary.written_rollouts
+            console.print(
+                f"imported {summary.written_rollouts} rollouts in {summary.groups} groups "
+                f"({summary.sealed_groups} sealed) into run {summary.run!r} from {source}"
+                + (f"; {again} were already imported" if again else ""),
+                highlight=False,
+            )
+        else:
+            console.print(
+                f"nothing new: the {summary.rollouts} rollouts of {source} are already in run "
+                f"{summary.run!r}",
+                highlight=False,
+            )
+        if not summary.written_rollouts:
+            return
+        if summary.source == "parquet":
+            err_console.print(
+                "note: ART's parquet keeps no logprobs, so these trajectories are for analysis "
+                "and re-scoring; ART trains only Choice objects with logprobs (or plain "
+                "assistant messages with allow_training_without_logprobs=True)",
+                highlight=False,
+            )
+        elif summary.trainable_rollouts < summary.rollouts:
+            err_console.print(
+                f"note: {summary.rollouts - summary.trainable_rollouts} of the "
+                f"{summary.rollouts} rollouts carry no logprobs (ART trains them only with "
+                "allow_training_without_logprobs=True)",
+                highlight=False,
+            )
+
+    run(work)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -1,0 +1,65 @@
+"""Export runs out of the store and import trajectories recorded elsewhere.
+
+- `export_parquet`: ART's own trajectory parquet layout (`trajectories/<split>/<step>.parquet`,
+  written by ART's writer); see `artstore.exchange.parquet` for the splits and steps.
+- `export_jsonl`: one JSON line per rollout, lossless (Choice objects with their logprobs,
+  tools per history, additional histories, every reward); see `artstore.exchange.jsonl`.
+- `import_path`: ART parquet files (a file, or a directory of `model.log` output) or a JSONL
+  export, as imported rollouts: `rollout.started`, `rollout.finished` (or failed), then
+  `trajectory.imported` (the histories as content-addressed blobs); rewards and sealed groups
+  as for a recorded run; the run as `run.imported`. `store.trajectory(id)` returns an
+  imported trajectory item for item, and the projections mark its rollout `imported`.
+
+Importing is idempotent (ids derived from the source) and atomic per group; a file that
+does not validate, or that clashes with what the store holds, imports nothing. See
+`artstore.exchange.importer`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from artstore.errors import ExchangeFormatError, NotFoundError
+from artstore.exchange.importer import ImportPlan, ImportSummary, write_plan
+from artstore.exchange.jsonl import export_jsonl, read_jsonl
+from artstore.exchange.parquet import export_parquet, read_parquet
+from artstore.exchange.source import ExportSummary
+
+if TYPE_CHECKING:
+    from artstore.store import Store
+
+__all__ = [
+    "ExportSummary",
+    "ImportSummary",
+    "export_jsonl",
+    "export_parquet",
+    "import_path",
+    "read_plan",
+]
+
+
+def read_plan(path: str | Path, *, run: str | None = None, scorer: str = "imported") -> ImportPlan:
+    """What importing `path` would write (nothing is written): parquet file or tree, or JSONL."""
+    path = Path(path)
+    if not path.exists():
+        raise NotFoundError(f"{path}: no such file or directory")
+    if path.is_file() and path.suffix == ".jsonl":
+        return read_jsonl(path, run=run, scorer=scorer)
+    if path.is_dir() or path.suffix == ".parquet":
+        return read_parquet(path, run=run, scorer=scorer)
+    raise ExchangeFormatError(
+        f"{path}: artstore imports ART trajectory parquet files (a .parquet file, or a "
+        "directory of trajectories/<split>/<step>.parquet) and its own JSONL exports (.jsonl)"
+    )
+
+
+async def import_path(
+    store: Store, path: str | Path, *, run: str | None = None, scorer: str = "imported"
+) -> ImportSummary:
+    """Import `path` into `store` (see the module's docstring).
+
+    `run` names the run (default: the JSONL's own run, or `<project>/<name>` of ART's
+    layout, else the file's name); `scorer` names the parquet's rewards.
+    """
+    return await write_plan(store, read_plan(path, run=run, scorer=scorer))

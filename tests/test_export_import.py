@@ -1,0 +1,552 @@
+"""`artstore export` and `artstore import` (issue 5), on SQLite and on PostgreSQL.
+
+- the parquet export is ART's layout, read back by ART's own reader;
+- the JSONL export imported into a fresh store gives the same trajectories, field for field
+  (Choice objects with their logprobs, tools per history, additional histories, rewards);
+- parquet written by ART's own `model.log` imports as rollouts marked imported;
+- importing again writes nothing, clashes and bad files import nothing, with one clear line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import art
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from art.utils.trajectory_logging import read_trajectory_groups_parquet
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
+from openai.types.chat import ChatCompletionMessage, ChatCompletionTokenLogprob
+from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from sqlalchemy import func, select, text
+from typer.testing import CliRunner
+
+import artstore
+from artstore.backends import CheckOnlyBackend
+from artstore.cli import app
+from artstore.errors import ExchangeFormatError, ImportConflictError
+from artstore.events import GroupSealed, RewardsRecorded, RunStarted, TrainStepCompleted
+from artstore.exchange import export_jsonl, export_parquet, import_path
+from artstore.exchange.importer import derived_id
+from artstore.exchange.parquet import ART_COLUMNS
+from artstore.schema import tables as t
+
+RUN = "p/agent"
+SEARCH = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+SUMMARIZE = [{"type": "function", "function": {"name": "summarize", "description": "sum up"}}]
+
+
+# --- a small run, recorded through the capture API -------------------------------------------
+
+
+def ai(content: str, *tools: tuple[str, dict], logprobs: bool = True, n: int = 0) -> AIMessage:
+    metadata: dict[str, Any] = {
+        "finish_reason": "tool_calls" if tools else "stop",
+        "model_name": "m",
+    }
+    if logprobs:
+        metadata["logprobs"] = {
+            "content": [
+                {"token": token, "logprob": -0.5, "bytes": list(token.encode()), "top_logprobs": []}
+                for token in (content or "call").split()
+            ]
+        }
+    calls = [
+        {"name": name, "args": args, "id": f"call-{n}-{i}", "type": "tool_call"}
+        for i, (name, args) in enumerate(tools)
+    ]
+    return AIMessage(content=content, tool_calls=calls, response_metadata=metadata)
+
+
+async def record_rollout(store, rollout_id: str, group_id: str, *, role: str = "policy") -> None:
+    """Two conversations: a tool-using one (SEARCH), then a second one (SUMMARIZE)."""
+    policy = role == "policy"
+    async with store.rollout(
+        "agent" if policy else "baseline",
+        run=RUN,
+        scenario={"question": f"q of {group_id}"},
+        scenario_index=int(group_id[-1]),
+        group_id=group_id,
+        role=role,
+        policy_step=0 if policy else None,
+        rollout_id=rollout_id,
+    ) as rollout:
+        system, question = SystemMessage("Answer."), HumanMessage(f"question {rollout_id}")
+        first = ai("", ("search", {"q": rollout_id}), logprobs=policy, n=1)
+        rollout.record_llm_call([system, question], first, tools=SEARCH)
+        found = ToolMessage("found it", tool_call_id="call-1-0")
+        answer = ai(f"answer of {rollout_id}", logprobs=policy, n=2)
+        rollout.record_llm_call([system, question, first, found], answer, tools=SEARCH)
+        summary = ai("short", logprobs=policy, n=3)
+        rollout.record_llm_call([HumanMessage("Summarize: found it")], summary, tools=SUMMARIZE)
+        rollout.metrics = {"turns": 3}
+        rollout.metadata = {"difficulty": "easy"}
+        rollout.log(f"{rollout_id} done")
+        rollout.result = {"answer": answer.content}
+
+
+async def record_run(store) -> list[str]:
+    """g0 (2 policy, 1 validation) trained at step 1; g1 (1 policy, 1 failed) not trained.
+
+    Rewards by "correct" and "judge"; g1 re-scored by "correct" afterwards. Returns the ids.
+    """
+    await store.append(
+        f"run-{RUN}",
+        [
+            RunStarted(
+                run=RUN,
+                project="p",
+                model="agent",
+                base_model="base",
+                config={"batch_size": 1},
+                scenarios=[{"question": "q0"}, {"question": "q1"}],
+                validation_model="baseline",
+                scorer="correct",
+                trainer="host:1",
+            )
+        ],
+    )
+    for rid in ("g0-a", "g0-b", "g1-a"):
+        await record_rollout(store, rid, rid[:2])
+    await record_rollout(store, "g0-v", "g0", role="validation")
+    with pytest.raises(RuntimeError):
+        async with store.rollout("agent", run=RUN, group_id="g1", rollout_id="g1-x") as rollout:
+            rollout.record_llm_call([HumanMessage("hi")], ai("partial", n=9), tools=SEARCH)
+            raise RuntimeError("the tool broke")
+    for group_id, batch, correct, judge in (
+        ("g0", 0, {"g0-a": 1.0, "g0-b": 0.0, "g0-v": 0.5}, {"g0-a": 0.75, "g0-b": 0.25}),
+        ("g1", 1, {"g1-a": 0.5}, {"g1-a": 0.125}),
+    ):
+        await store.append(
+            f"group-{group_id}",
+            [
+                RewardsRecorded(
+                    group_id=group_id,
+                    scorer="correct",
+                    rewards=correct,
+                    metrics={rid: {"exact": r == 1.0} for rid, r in correct.items()},
+                ),
+                RewardsRecorded(group_id=group_id, scorer="judge", rewards=judge),
+                GroupSealed(
+                    group_id=group_id,
+                    run=RUN,
+                    epoch=0,
+                    batch=batch,
+                    scenario_index=batch,
+                    rollout_ids=[r for r in correct if not r.endswith("v")],
+                    validation_rollout_ids=[r for r in correct if r.endswith("v")],
+                    failed_rollout_ids=["g1-x"] if group_id == "g1" else [],
+                ),
+            ],
+        )
+    await store.append(
+        f"train-{RUN}",
+        [TrainStepCompleted(run=RUN, model=RUN, step=1, group_ids=["g0"], scorer="correct")],
+    )
+    await store.append(
+        "group-g1",
+        [RewardsRecorded(group_id="g1", scorer="correct", rewards={"g1-a": 0.0}, rescored=True)],
+    )
+    return ["g0-a", "g0-b", "g0-v", "g1-a", "g1-x"]
+
+
+@pytest.fixture
+def other_database_url(database_url: str, tmp_path: Path):
+    """A second empty database of the same kind as `database_url`."""
+    if database_url.startswith("sqlite"):
+        yield f"sqlite:///{tmp_path / 'other.db'}"
+        return
+    from conftest import _create_postgres_database, _drop_postgres_database, _postgres_admin_url
+
+    conninfo, url = _create_postgres_database(_postgres_admin_url())
+    try:
+        yield url
+    finally:
+        _drop_postgres_database(conninfo, url)
+
+
+@pytest.fixture(autouse=True)
+def no_wandb(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # model.log stays offline
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())  # rich wraps long lines on a narrow terminal
+
+
+async def rows(store, query) -> list[tuple]:
+    async with store.database.read() as connection:
+        return [tuple(row) for row in await connection.execute(query)]
+
+
+async def count_events(store) -> int:
+    return (await rows(store, select(func.count()).select_from(t.events)))[0][0]
+
+
+def assert_same_trajectory(a: art.Trajectory, b: art.Trajectory) -> None:
+    for name in type(a).model_fields:
+        if name != "start_time":  # the time the object was built
+            assert getattr(a, name) == getattr(b, name), name
+    for history_a, history_b in zip(
+        [a, *a.additional_histories], [b, *b.additional_histories], strict=True
+    ):
+        kinds = [type(item) for item in history_a.messages_and_choices]
+        assert kinds == [type(item) for item in history_b.messages_and_choices]
+
+
+# --- parquet export, read by ART ----------------------------------------------------------------
+
+
+async def test_parquet_export_is_read_back_by_arts_own_reader(store, tmp_path: Path):
+    await record_run(store)
+    summary = await export_parquet(store, RUN, tmp_path / "out")
+
+    layout = sorted(str(Path(f).relative_to(tmp_path / "out")) for f in summary.files)
+    assert layout == [
+        "trajectories/train/0001.parquet",  # g0, trained into the step 0 -> 1
+        "trajectories/unconsumed/0001.parquet",  # g1, never trained: its batch index
+        "trajectories/val/0001.parquet",  # g0's validation rollout
+    ]
+    assert (summary.groups, summary.trajectories, summary.failed_rollouts) == (2, 4, 1)
+    expected = {
+        "train/0001": [["g0-a", "g0-b"]],
+        "val/0001": [["g0-v"]],
+        "unconsumed/0001": [["g1-a"]],
+    }
+    for name, groups in expected.items():
+        path = tmp_path / "out" / "trajectories" / f"{name}.parquet"
+        assert pq.read_schema(path).names == list(ART_COLUMNS)
+        read = read_trajectory_groups_parquet(path)
+        assert [len(g.trajectories) for g in read] == [len(ids) for ids in groups]
+        for group, ids in zip(read, groups, strict=True):
+            assert group.metadata["run"] == RUN
+            for got, rid in zip(group.trajectories, ids, strict=True):
+                stored = await store.trajectory(rid, scorer="correct")
+                assert got.reward == stored.reward
+                assert got.metrics == stored.metrics
+                assert [(m["role"], m["content"] or "") for m in got.messages()] == [
+                    (m["role"], m["content"] or "") for m in stored.messages()
+                ]
+    assert (await store.trajectory("g1-a", scorer="correct")).reward == 0.0  # re-scored
+
+
+async def test_parquet_export_refuses_to_overwrite_and_names_unknown_runs(store, tmp_path):
+    await record_run(store)
+    await export_parquet(store, RUN, tmp_path)
+    with pytest.raises(FileExistsError, match="--force"):
+        await export_parquet(store, RUN, tmp_path)
+    summary = await export_parquet(store, RUN, tmp_path, scorer="judge", force=True)
+    # g0's validation rollout has no "judge" reward: g0 is left out whole.
+    assert (summary.groups, summary.unscored_groups) == (1, 1)
+    # Numbered by another trained model's steps: it trained nothing, so all is unconsumed.
+    other = await export_parquet(store, RUN, tmp_path / "other", model="p/other")
+    assert sorted(str(Path(f).relative_to(tmp_path / "other")) for f in other.files) == [
+        "trajectories/unconsumed/0000.parquet",
+        "trajectories/unconsumed/0001.parquet",
+        "trajectories/unconsumed_val/0000.parquet",
+    ]
+    with pytest.raises(artstore.errors.NotFoundError, match="no run 'nope'"):
+        await export_jsonl(store, "nope", tmp_path / "x.jsonl")
+    assert not (tmp_path / "x.jsonl").exists()
+
+
+# --- JSONL round trip ---------------------------------------------------------------------------
+
+
+def test_jsonl_export_imported_into_a_fresh_store_gives_the_same_trajectories(
+    database_url: str, other_database_url: str, tmp_path: Path
+):
+    asyncio.run(_record(database_url))
+    exported = tmp_path / "run.jsonl"
+    result = cli("export", RUN, str(exported), "--url", database_url)
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in exported.read_text().splitlines()]
+    to_stdout = cli("export", RUN, "-", "--url", database_url)
+    assert to_stdout.exit_code == 0, to_stdout.output
+    assert [json.loads(line) for line in to_stdout.stdout.splitlines()] == lines
+    assert [line["rollout_id"] for line in lines] == ["g0-a", "g0-b", "g0-v", "g1-a", "g1-x"]
+    assert [line["step"] for line in lines] == [1, 1, 1, None, None]
+
+    result = cli("import", str(exported), "--url", other_database_url)
+    assert result.exit_code == 0, result.output
+    assert "imported 5 rollouts in 2 groups (2 sealed) into run 'p/agent'" in one_line(
+        result.stdout
+    )
+
+    async def compare() -> None:
+        async with (
+            await artstore.open_store(database_url) as original,
+            await artstore.open_store(other_database_url) as copy,
+        ):
+            ids = [line["rollout_id"] for line in lines]
+            for scorer in (None, "correct", "judge"):
+                before = await original.trajectories(ids, scorer=scorer)
+                after = await copy.trajectories(ids, scorer=scorer)
+                for rid in ids:
+                    assert_same_trajectory(before[rid], after[rid])
+            trained = await copy.trajectory("g0-a")
+            assert isinstance(trained.messages_and_choices[2], Choice)
+            assert trained.messages_and_choices[2].logprobs.content[0].logprob == -0.5
+            assert trained.tools == SEARCH
+            assert trained.additional_histories[0].tools == SUMMARIZE
+
+            for query in (
+                select(t.trajectory_messages).order_by(*t.trajectory_messages.primary_key),
+                select(t.rewards.c["rollout_id", "group_id", "scorer", "reward", "metrics"])
+                .add_columns(t.rewards.c.rescored)
+                .order_by(t.rewards.c.id),
+                select(t.groups.c["group_id", "run", "epoch", "batch", "scenario_index"])
+                .add_columns(t.groups.c["size", "num_validation", "num_failed"])
+                .order_by(t.groups.c.group_id),
+                select(t.rollouts.c["rollout_id", "run", "group_id", "scenario", "model"])
+                .add_columns(t.rollouts.c["role", "policy_step", "status", "result"])
+                .add_columns(t.rollouts.c["error_type", "error_message", "duration_s"])
+                .order_by(t.rollouts.c.rollout_id),
+            ):
+                assert await rows(copy, query) == await rows(original, query)
+            imported = select(t.rollouts.c.imported).order_by(t.rollouts.c.rollout_id)
+            assert await rows(original, imported) == [(False,)] * 5
+            assert await rows(copy, imported) == [(True,)] * 5
+            run = select(t.runs.c["run", "project", "model", "scorer", "status", "config"])
+            assert await rows(copy, run) == [
+                (RUN, "p", "agent", "correct", "imported", {"batch_size": 1})
+            ]
+            # The groups are unconsumed here: a replay can train a new model on them.
+            assert await rows(copy, select(t.group_consumptions)) == []
+
+    asyncio.run(compare())
+
+
+async def _record(url: str) -> None:
+    async with await artstore.open_store(url) as store:
+        await record_run(store)
+
+
+async def test_reimporting_writes_nothing_and_a_clash_imports_nothing(store, tmp_path):
+    await record_run(store)
+    exported = tmp_path / "run.jsonl"
+    await export_jsonl(store, RUN, exported)
+    before = await count_events(store)
+
+    # Into the store that recorded the run: the run (and its rollouts) are already here.
+    with pytest.raises(ImportConflictError, match="recorded in this store, not imported"):
+        await import_path(store, exported)
+    assert await count_events(store) == before
+
+    # A copy under another name gets ids of its own, and the same trajectories.
+    first = await import_path(store, exported, run="copy")
+    assert (first.rollouts, first.written_rollouts, first.trainable_rollouts) == (5, 5, 4)
+    after_first = await count_events(store)
+    again = await import_path(store, exported, run="copy")
+    assert again.written_rollouts == 0
+    assert await count_events(store) == after_first
+    copied = derived_id("jsonl", "copy", "g0-a")
+    assert_same_trajectory(await store.trajectory("g0-a"), await store.trajectory(copied))
+    group = select(t.groups.c.run, t.groups.c.size).where(
+        t.groups.c.group_id == derived_id("jsonl", "copy", "g0")
+    )
+    assert await rows(store, group) == [("copy", 2)]
+
+
+async def test_a_bad_line_imports_nothing(store, tmp_path):
+    await record_run(store)
+    exported = tmp_path / "run.jsonl"
+    await export_jsonl(store, RUN, exported)
+    good = exported.read_text().splitlines()
+    broken = json.loads(good[1])
+    broken["trajectory"]["messages_and_choices"][2]["logprobs"] = "nope"  # not a Choice
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([good[0], json.dumps(broken), *good[2:]]) + "\n")
+    before = await count_events(store)
+    with pytest.raises(ExchangeFormatError, match=r"line 2: item 2 is not a Choice"):
+        await import_path(store, bad, run="other")
+    bad.write_text(good[0] + "\n{not json\n")
+    with pytest.raises(ExchangeFormatError, match="line 2: not JSON"):
+        await import_path(store, bad, run="other")
+    assert await count_events(store) == before
+
+
+# --- importing ART's own parquet ----------------------------------------------------------------
+
+
+def art_choice(content: str) -> Choice:
+    return Choice(
+        index=0,
+        finish_reason="stop",
+        message=ChatCompletionMessage(role="assistant", content=content),
+        logprobs=ChoiceLogprobs(
+            content=[ChatCompletionTokenLogprob(token="t", logprob=-0.1, top_logprobs=[])]
+        ),
+    )
+
+
+def art_groups(split: str) -> list[art.TrajectoryGroup]:
+    return [
+        art.TrajectoryGroup(
+            [
+                art.Trajectory(
+                    messages_and_choices=[
+                        {"role": "system", "content": "Answer."},
+                        {"role": "user", "content": f"{split} question {g}.{i}"},
+                        art_choice(f"answer {g}.{i}"),
+                    ],
+                    tools=SEARCH,
+                    reward=g + i / 4,
+                    metrics={"turns": i},
+                    metadata={"scenario": f"s{g}"},
+                    logs=[f"log {g}.{i}"],
+                )
+                for i in range(2)
+            ],
+            metadata={"scenario": f"s{g}"},
+        )
+        for g in range(2)
+    ]
+
+
+async def art_logged_model(tmp_path: Path) -> Path:
+    """`model.log` output for train step 1 (2 groups of 2) and a val split (2 groups of 2)."""
+    model = art.TrainableModel(name="agent", project="p", base_model="base")
+    await model.register(CheckOnlyBackend(path=tmp_path / "art"))
+    await model.log(art_groups("train"), split="train", step=1)
+    await model.log(art_groups("val"), split="val", step=1)
+    return tmp_path / "art" / "p" / "models" / "agent"
+
+
+async def test_parquet_written_by_art_model_log_imports_as_imported_rollouts(store, tmp_path):
+    model_dir = await art_logged_model(tmp_path)
+    summary = await import_path(store, model_dir)
+    assert (summary.run, summary.files, summary.groups, summary.sealed_groups) == (
+        "p/agent",
+        2,
+        4,
+        2,
+    )
+    assert (summary.rollouts, summary.written_rollouts, summary.trainable_rollouts) == (8, 8, 0)
+
+    found = await rows(
+        store,
+        select(t.rollouts.c.rollout_id, t.rollouts.c.role, t.rollouts.c.imported)
+        .where(t.rollouts.c.run == "p/agent")
+        .order_by(t.rollouts.c.role),
+    )
+    assert len(found) == 8 and all(imported for _, _, imported in found)
+    assert [role for _, role, _ in found].count("validation") == 4  # the val split
+
+    # Each trajectory as ART's reader returns it, plus the tools ART's reader drops.
+    train = model_dir / "trajectories" / "train" / "0001.parquet"
+    read = read_trajectory_groups_parquet(train)
+    sealed = await rows(
+        store,
+        select(t.groups.c.group_id, t.groups.c.batch, t.groups.c.size)
+        .where(t.groups.c.run == "p/agent")
+        .order_by(t.groups.c.position),
+    )
+    assert [(batch, size) for _, batch, size in sealed] == [(1, 2), (1, 2)]
+    from artstore.training.groups import sealed_groups
+
+    events = await sealed_groups(store, [group_id for group_id, _, _ in sealed])
+    for (group_id, _, _), art_group in zip(sealed, read, strict=True):
+        ids = events[group_id].rollout_ids
+        stored = await store.trajectories(ids, scorer="imported")
+        for rid, expected in zip(ids, art_group.trajectories, strict=True):
+            assert_same_trajectory(stored[rid], expected.model_copy(update={"tools": SEARCH}))
+    assert await rows(
+        store,
+        select(t.rewards.c.scorer, func.count()).group_by(t.rewards.c.scorer),
+    ) == [("imported", 8)]
+
+    # The projections and views work for the imported run.
+    messages = await rows(
+        store,
+        select(t.trajectory_messages.c.role, t.trajectory_messages.c.trainable)
+        .where(t.trajectory_messages.c.rollout_id == ids[0])
+        .order_by(t.trajectory_messages.c.message_index),
+    )
+    assert messages == [("system", False), ("user", False), ("assistant", False)]
+    async with store.database.read() as connection:
+        view = await connection.execute(
+            text("SELECT count(*), sum(imported) FROM v_rollouts WHERE run = 'p/agent'")
+        )
+        assert tuple(view.one()) == (8, 8)
+        status = await connection.execute(text("SELECT status FROM v_runs WHERE run = 'p/agent'"))
+        assert status.scalar() == "imported"
+
+    # The event keeps what ART's parquet marked trainable; no item is a Choice (no logprobs).
+    (imported,) = [
+        e for e in await store.read_stream(f"rollout-{ids[0]}") if e.data.get("histories")
+    ]
+    assert imported.type == "trajectory.imported"
+    assert (
+        imported.data["histories"][0]["trainable"],
+        imported.data["histories"][0]["choices"],
+    ) == (
+        [2],
+        [],
+    )
+    # The projections rebuild from the events alone.
+    projected = select(t.rollouts.c.rollout_id, t.rollouts.c.imported).order_by(
+        t.rollouts.c.rollout_id
+    )
+    count_messages = select(func.count()).select_from(t.trajectory_messages)
+    before = (await rows(store, projected), await rows(store, count_messages))
+    await store.rebuild_projections()
+    assert (await rows(store, projected), await rows(store, count_messages)) == before
+
+    # Importing the same files again, from the whole art directory, writes nothing.
+    before = await count_events(store)
+    again = await import_path(store, tmp_path / "art")
+    assert (again.run, again.written_rollouts) == ("p/agent", 0)
+    assert await count_events(store) == before
+
+
+def test_import_command_says_parquet_is_not_trainable(database_url: str, tmp_path: Path):
+    train = asyncio.run(art_logged_model(tmp_path)) / "trajectories" / "train" / "0001.parquet"
+    result = cli("import", str(train), "--run", "one-step", "--url", database_url)
+    assert result.exit_code == 0, result.output
+    assert "imported 4 rollouts in 2 groups (2 sealed) into run 'one-step'" in one_line(
+        result.stdout
+    )
+    assert "keeps no logprobs" in one_line(result.stderr)
+    result = cli("import", str(train), "--run", "one-step", "--url", database_url)
+    assert result.exit_code == 0, result.output
+    assert "nothing new" in one_line(result.stdout)
+
+
+# --- bad inputs: one line, exit code 1, nothing imported ------------------------------------
+
+
+def test_bad_inputs_fail_with_one_line_and_import_nothing(database_url: str, tmp_path: Path):
+    pq.write_table(pa.table({"a": [1], "b": ["x"]}), tmp_path / "other.parquet")
+    (tmp_path / "fake.parquet").write_text("not parquet")
+    stray = tmp_path / "tree" / "trajectories" / "train"
+    stray.mkdir(parents=True)
+    pq.write_table(pa.table({"a": [1]}), stray / "notes.parquet")
+    (tmp_path / "notes.txt").write_text("hello")
+    cases = [
+        (["import", str(tmp_path / "missing.parquet")], "no such file or directory"),
+        (["import", str(tmp_path / "other.parquet")], "not an ART trajectory parquet file"),
+        (["import", str(tmp_path / "fake.parquet")], "not a parquet file"),
+        (["import", str(tmp_path / "tree")], "not in ART's layout"),
+        (["import", str(tmp_path / "notes.txt")], "artstore imports ART trajectory parquet"),
+        (["export", "nope", str(tmp_path / "out")], "no run 'nope' in this store"),
+    ]
+    for args, message in cases:
+        result = cli(*args, "--url", database_url)
+        assert result.exit_code == 1, (args, result.output)
+        assert message in one_line(result.stderr), (args, result.stderr)
+        assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
+
+    async def nothing_written() -> None:
+        async with await artstore.open_store(database_url) as store:
+            assert await count_events(store) == 0
+
+    asyncio.run(nothing_written())
