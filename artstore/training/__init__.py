@@ -1,6 +1,15 @@
 """Training on events: the seed's loop with resume, replay and re-scoring."""
 
 from artstore.training.config import TrainingConfig
-from artstore.training.framework import RunSummary, TrainingFramework, train
+from artstore.training.framework import RolloutsFailedError, RunSummary, TrainingFramework, train
+from artstore.training.steps import BackendStepError, TrainStepError
 
-__all__ = ["RunSummary", "TrainingConfig", "TrainingFramework", "train"]
+__all__ = [
+    "BackendStepError",
+    "RolloutsFailedError",
+    "RunSummary",
+    "TrainStepError",
+    "TrainingConfig",
+    "TrainingFramework",
+    "train",
+]

@@ -6,9 +6,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from artstore.errors import ConfigurationError
+from artstore.eventstore.blobs import canonical_json
 
 
-def _positive_int(name: str, value: Any, *, allow_zero: bool = False) -> None:
+def check_count(name: str, value: Any, *, allow_zero: bool = False) -> None:
+    """Refuse anything but a whole number > 0 (>= 0 with `allow_zero`); bools included."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigurationError(f"{name} must be a whole number, got {value!r}")
     if value < 0 or (value == 0 and not allow_zero):
@@ -20,13 +22,13 @@ def _positive_int(name: str, value: Any, *, allow_zero: bool = False) -> None:
 class TrainingConfig:
     """How a run is shaped: as the seed's `TrainingConfig`, plus what the store needs.
 
-    - `epochs`: passes over the scenarios;
+    - `epochs`: passes over the scenarios (may grow when a finished run is resumed);
     - `batch_size`: scenarios per train step;
     - `group_size`: rollouts per scenario (a trajectory group);
     - `validation_samples`: rollouts of the validation model per scenario, when one is
       given, against which each trajectory's `wins` and `win_rate` are computed;
     - `scorer`: the name under which the run's rewards are recorded and trained on;
-    - `train_kwargs`: passed to `backend.train` (learning_rate, ...).
+    - `train_kwargs`: passed to `backend.train` (learning_rate, ...); JSON, as it is recorded.
     """
 
     epochs: int
@@ -37,14 +39,20 @@ class TrainingConfig:
     train_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _positive_int("epochs", self.epochs)
-        _positive_int("batch_size", self.batch_size)
-        _positive_int("group_size", self.group_size)
-        _positive_int("validation_samples", self.validation_samples, allow_zero=True)
+        check_count("epochs", self.epochs)
+        check_count("batch_size", self.batch_size)
+        check_count("group_size", self.group_size)
+        check_count("validation_samples", self.validation_samples, allow_zero=True)
         if not isinstance(self.scorer, str) or not self.scorer.strip():
             raise ConfigurationError(f"scorer must be a non-empty name, got {self.scorer!r}")
         if not isinstance(self.train_kwargs, dict):
             raise ConfigurationError("train_kwargs must be a dict of backend.train arguments")
+        try:
+            canonical_json(self.train_kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"train_kwargs must be JSON-serializable (they are recorded with the run): {exc}"
+            ) from None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -3,36 +3,49 @@
 Groups of `group_size` rollouts per scenario, batches of `batch_size` scenarios, `epochs`
 passes, an optional validation model whose rollouts give each trajectory `wins` and
 `win_rate`: as in the seed's `TrainingFramework`. What changes is that nothing lives only
-in memory or in files. Running the same run again (by name) continues where it stopped:
-finished rollouts are not regenerated, rollouts that were in flight are redone, sealed
-groups are trained before anything new is rolled out, finished steps are not repeated,
-and a step the backend finished but the store never heard of is reconciled.
+in memory or in files, so running the same run again (by name) continues where it stopped:
+
+- a batch whose groups were all trained is skipped (finished steps are not repeated);
+- a sealed group is not rolled out again: a batch whose groups are sealed is trained
+  before anything new is rolled out;
+- a finished rollout is kept; a rollout that was in flight is recorded as abandoned and
+  another one is rolled out in its place;
+- a step the backend finished but the store never heard of is reconciled with the
+  backend's step (`artstore.training.steps.reconcile`).
 
 Bugs of the seed fixed here: the division by zero in the win rate without a validation
-model; the start step that was read and never used (it is now what resume checks); the
-reward function's result that was never checked (count, numbers, NaN); `model.train`
-that ART 0.5 no longer has (now `backend.train` then `model.log`); rollouts of failed
-agents that took the whole batch down with them; trajectories rebuilt from pickled files.
+model; the start step that was read and never used (it is now checked against the steps
+the store recorded, and reported in `RunSummary`); the reward function's result that was
+never checked (count, numbers, NaN); `model.train`, which ART 0.5 no longer has (now
+`backend.train` then `model.log`); a failed agent that took the whole batch down (its
+rollout is now recorded as failed and left out of the group); a failure in one group that
+left the batch's other groups running unattended; trajectories rebuilt from pickled files.
+
+The reward function gets `(scenario, results, trajectories)` as in the seed, where results
+are the agents' results as stored (JSON) whether they were made now or before a crash, so
+that a resumed run and `artstore rescore` score exactly what a fresh run would.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import dataclasses
 import inspect
 import itertools
+import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from artstore.errors import ArtstoreError, ConfigurationError, InvalidEventError
+from artstore.errors import ArtstoreError, ConfigurationError
 from artstore.events import RunFinished, RunResumed, RunStarted
 from artstore.eventstore.blobs import canonical_json
 from artstore.eventstore.store import NO_STREAM
-from artstore.training.config import TrainingConfig
+from artstore.training.config import TrainingConfig, check_count
 from artstore.training.groups import (
+    abandon_rollouts,
     call_reward_function,
     group_id_for,
     group_rollouts,
@@ -59,12 +72,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("artstore.training")
 
-AgentFunction = Callable[[Any, str], Any]  # (scenario, thread_id) -> result
-RewardFunction = Callable[[Any, list[Any], list[Any]], Any]  # -> list of rewards
+AgentFunction = Callable[[Any, str], Any]  # (scenario, rollout id) -> result, maybe awaitable
+RewardFunction = Callable[[Any, list[Any], list[Any]], Any]  # -> one reward per trajectory
 
 
 class RolloutsFailedError(ArtstoreError):
-    """Every policy rollout of a group failed; the run stops (resume retries them)."""
+    """Every policy rollout of a group failed; the run stops (resume rolls them out again)."""
 
 
 def batched(iterable: Iterable[Any], n: int) -> Iterable[tuple[Any, ...]]:
@@ -89,46 +102,70 @@ def to_json_value(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
-class _RunContext:
-    """Where the current group belongs: set by run_training, absent for standalone calls."""
+@dataclass
+class RunSummary:
+    """What one call of `run_training` did. A resumed run reports only this call's work."""
 
+    run: str
+    resumed: bool = False  # the run had been started before this call
+    start_step: int = 0  # the model's step when this call began (after reconciling)
+    final_step: int = 0  # the model's step when it returned
+    steps_trained: list[int] = field(default_factory=list)  # `TrainResult.step` of each step
+    groups_sealed: int = 0  # groups this call finished and sealed (the rest were sealed before)
+    rollouts: int = 0  # rollouts this call ran to the end, policy and validation
+    rollouts_failed: int = 0  # rollouts whose agent raised: recorded, left out of their group
+    reconciled: list[str] = field(default_factory=list)  # repairs after a crash, each an event
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    """How each group is made: by whom, how many, scored how. One per run."""
+
+    model: Any
+    agent_function: AgentFunction
+    reward_function: RewardFunction
+    group_size: int
+    validation_model: Any = None
+    validation_samples: int = 0  # 0 without a validation model
+    scorer: str = "reward"
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where a group belongs. A run's group ids derive from (run, epoch, scenario)."""
+
+    group_id: str
     run: str | None = None
     epoch: int | None = None
     batch: int | None = None
     scenario_index: int | None = None
-    scorer: str = "reward"
 
-
-# Which run, epoch and scenario the current task works for. A context variable, not an
-# attribute: the groups of a batch are rolled out concurrently, each in its own task.
-_CONTEXT: contextvars.ContextVar[_RunContext] = contextvars.ContextVar(
-    "artstore_run_context",
-    default=_RunContext(),  # noqa: B039 (frozen: never mutated, only replaced)
-)
-
-
-@dataclass
-class RunSummary:
-    run: str
-    steps_trained: list[int] = field(default_factory=list)
-    groups_sealed: int = 0
-    rollouts: int = 0
-    reconciled: list[str] = field(default_factory=list)
+    def __str__(self) -> str:
+        if self.run is None:
+            return f"group {self.group_id}"
+        return (
+            f"run {self.run!r}, epoch {self.epoch}, scenario {self.scenario_index} "
+            f"(group {self.group_id})"
+        )
 
 
 class TrainingFramework:
     """Runs reinforcement-learning experiments with ART, recording everything in a store.
 
     `TrainingFramework(store)` uses an open store; `TrainingFramework()` opens the default
-    one (`$ARTSTORE_URL`, then `.artstore/artstore.db`) when first needed.
+    one (`$ARTSTORE_URL`, then `.artstore/artstore.db`) when first needed, or the one at
+    `url`, and closes it when `run_training` returns (or on `close()`).
+
+    `run_training` is resumable. The seed's other methods (`process_scenario`,
+    `execute_training_step`, `run_training_epoch`) still work on their own, recorded, but
+    their groups belong to no run and are not resumed.
     """
 
     def __init__(self, store: Store | None = None, *, url: str | None = None) -> None:
         self._store = store
         self._url = url
         self._owns_store = store is None
-        self._train_kwargs: dict[str, Any] = {}
+        self._active_runs = 0  # the owned store is closed when the last run_training ends
 
     async def store(self) -> Store:
         if self._store is None:
@@ -140,8 +177,14 @@ class TrainingFramework:
     async def close(self) -> None:
         """Close the store if this framework opened it."""
         if self._owns_store and self._store is not None:
-            await self._store.close()
-            self._store = None
+            store, self._store = self._store, None
+            await store.close()
+
+    async def __aenter__(self) -> TrainingFramework:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     # --- the seed's methods ---------------------------------------------------------------
 
@@ -151,23 +194,26 @@ class TrainingFramework:
         model: Any,
         scenario: Any,
         agent_function: AgentFunction,
-        role: str = "policy",
+        run: str | None = None,
         group_id: str | None = None,
+        scenario_index: int | None = None,
+        role: str = "policy",
         policy_step: int | None = None,
     ) -> tuple[Any, str]:
-        """Run the agent once on `scenario`, recorded; returns (result, rollout id).
+        """Run the agent once on `scenario`, recorded; returns (result as stored, rollout id).
 
-        The seed returned the path of a pickled log; the rollout id names the events
-        that replace it. The agent is called as `agent_function(scenario, thread_id)`.
+        The seed returned the path of a pickled log; the rollout id names the events that
+        replace it. The agent is called as `agent_function(scenario, rollout_id)` (the seed's
+        thread id), inside the rollout: its LLM calls through `art.langgraph` or
+        `artstore.langgraph` are recorded.
         """
         store = await self.store()
-        context = _CONTEXT.get()
         async with store.rollout(
             model,
             scenario=to_json_value(scenario),
-            run=context.run,
+            run=run,
             group_id=group_id,
-            scenario_index=context.scenario_index,
+            scenario_index=scenario_index,
             role=role,  # type: ignore[arg-type]
             policy_step=policy_step,
         ) as rollout:
@@ -193,34 +239,25 @@ class TrainingFramework:
         reward_function: RewardFunction,
         validation_model: Any = None,
         validation_samples: int = 2,
+        scorer: str = "reward",
     ) -> art.TrajectoryGroup:
-        """Roll out a group for one scenario, score it, seal it; returns the ART group.
+        """Roll out a group for one scenario, score it and seal it; returns the ART group.
 
-        Inside `run_training` the group belongs to the run and is resumable; called on its
-        own it is a group of no run.
+        The group belongs to no run (`run_training` makes groups of its own, resumable).
         """
-        import uuid
-
-        TrainingConfig(
-            epochs=1, batch_size=1, group_size=group_size, validation_samples=validation_samples
-        )  # same validation as a run
-        context = _CONTEXT.get()
-        if context.run is not None:
-            assert context.epoch is not None and context.scenario_index is not None
-            group_id = group_id_for(context.run, context.epoch, context.scenario_index)
-        else:
-            group_id = str(uuid.uuid4())
-        await self._seal_group(
-            group_id,
-            model=model,
-            scenario=scenario,
-            group_size=group_size,
-            agent_function=agent_function,
-            reward_function=reward_function,
-            validation_model=validation_model,
-            validation_samples=validation_samples if validation_model is not None else 0,
+        recipe = _recipe(
+            model,
+            agent_function,
+            reward_function,
+            group_size,
+            validation_model,
+            validation_samples,
+            scorer,
         )
-        (group,) = await load_groups(await self.store(), [group_id], context.scorer)
+        store = await self.store()
+        place = _Place(group_id=str(uuid.uuid4()))
+        await self._seal_group(store, place, scenario, recipe, RunSummary(run=""))
+        (group,) = await load_groups(store, [place.group_id], scorer)
         return group
 
     async def execute_training_step(
@@ -233,37 +270,34 @@ class TrainingFramework:
         reward_function: RewardFunction,
         validation_model: Any = None,
         validation_samples: int = 2,
-    ) -> None:
-        """Roll out and seal a group per scenario, then train them in one step."""
-        context = _CONTEXT.get()
-        run = context.run or model_key(model)
-        batch_start = (context.scenario_index or 0) if context.run else 0
-        group_ids = await asyncio.gather(
-            *(
-                self._group_in_batch(
-                    run_context=dataclasses.replace(context, scenario_index=batch_start + n),
-                    model=model,
-                    scenario=scenario,
-                    group_size=group_size,
-                    agent_function=agent_function,
-                    reward_function=reward_function,
-                    validation_model=validation_model,
-                    validation_samples=validation_samples,
-                )
-                for n, scenario in enumerate(scenarios)
-            )
-        )
-        store = await self.store()
-        fresh = [g for g in group_ids if g not in await consumed_groups(store, model, group_ids)]
-        if fresh:
-            await train_groups(
-                store,
-                run=run,
+        scorer: str = "reward",
+        train_kwargs: dict[str, Any] | None = None,
+    ) -> art.TrainResult:
+        """Roll out and seal a group per scenario, then train them in one step.
+
+        The step is recorded under the model's "project/name"; nothing here is resumable.
+        """
+        groups = await _settle(
+            self.process_scenario(
                 model=model,
-                group_ids=fresh,
-                scorer=context.scorer,
-                train_kwargs=self._train_kwargs,
+                scenario=scenario,
+                group_size=group_size,
+                agent_function=agent_function,
+                reward_function=reward_function,
+                validation_model=validation_model,
+                validation_samples=validation_samples,
+                scorer=scorer,
             )
+            for scenario in scenarios
+        )
+        return await train_groups(
+            await self.store(),
+            run=model_key(model),
+            model=model,
+            group_ids=[str(group.metadata["group_id"]) for group in groups],
+            scorer=scorer,
+            train_kwargs=train_kwargs,
+        )
 
     async def run_training_epoch(
         self,
@@ -277,31 +311,18 @@ class TrainingFramework:
         validation_model: Any = None,
         validation_samples: int = 2,
     ) -> None:
-        """One pass over the scenarios, a train step per batch; finished batches are skipped."""
-        context = _CONTEXT.get()
-        epoch = context.epoch or 0
-        batches_per_epoch = -(-len(scenarios) // batch_size)
-        for number, batch in enumerate(batched(scenarios, batch_size)):
-            token = _CONTEXT.set(
-                dataclasses.replace(
-                    context,
-                    epoch=epoch,
-                    batch=epoch * batches_per_epoch + number,
-                    scenario_index=number * batch_size,
-                )
+        """One pass over the scenarios, a train step per batch (not resumable)."""
+        check_count("batch_size", batch_size)
+        for batch in batched(scenarios, batch_size):
+            await self.execute_training_step(
+                model=model,
+                scenarios=batch,
+                group_size=group_size,
+                agent_function=agent_function,
+                reward_function=reward_function,
+                validation_model=validation_model,
+                validation_samples=validation_samples,
             )
-            try:
-                await self.execute_training_step(
-                    model=model,
-                    scenarios=batch,
-                    group_size=group_size,
-                    agent_function=agent_function,
-                    reward_function=reward_function,
-                    validation_model=validation_model,
-                    validation_samples=validation_samples,
-                )
-            finally:
-                _CONTEXT.reset(token)
 
     async def run_training(
         self,
@@ -317,7 +338,9 @@ class TrainingFramework:
         """Train for `config.epochs` epochs, resuming run `run` if it was started before.
 
         `run` defaults to the model's "project/name": running the same script again after
-        a crash resumes it. A second trainer on the same run gets TrainerConflictError.
+        a crash resumes it. The settings that shape the groups (scenarios, batch and group
+        sizes, validation model, scorer) must be those the run started with; `epochs` may
+        grow. A second trainer on the same run and model gets TrainerConflictError.
         """
         if not isinstance(config, TrainingConfig):
             raise ConfigurationError("config must be an artstore.TrainingConfig")
@@ -325,51 +348,211 @@ class TrainingFramework:
         if not scenarios:
             raise ConfigurationError("there are no scenarios to train on")
         stored_scenarios = [_scenario_json(s, i) for i, s in enumerate(scenarios)]
+        if validation_model is not None and config.validation_samples == 0:
+            raise ConfigurationError(
+                "a validation model was given with validation_samples=0: it would never run"
+            )
+        recipe = _recipe(
+            model,
+            agent_function,
+            reward_function,
+            config.group_size,
+            validation_model,
+            config.validation_samples,
+            config.scorer,
+        )
         run = run or model_key(model)
-        store = await self.store()
+        self._active_runs += 1
         try:
+            store = await self.store()
             async with trainer_lease(store.database, run, model_key(model)):
                 summary = RunSummary(run=run)
-                await self._start_or_resume(run, model, stored_scenarios, config, validation_model)
-                note = await reconcile(store, run, model)
-                if note:
-                    summary.reconciled.append(note)
-                    log.warning("run %s: %s", run, note)
-                await push_if_missing(store, run, model)
-                self._train_kwargs = config.train_kwargs
+                summary.resumed = await self._start_or_resume(
+                    store, run, model, stored_scenarios, config, validation_model
+                )
                 try:
-                    for epoch in range(config.epochs):
-                        _CONTEXT.set(_RunContext(run=run, epoch=epoch, scorer=config.scorer))
-                        await self.run_training_epoch(
-                            model=model,
-                            scenarios=scenarios,
-                            batch_size=config.batch_size,
-                            group_size=config.group_size,
-                            agent_function=agent_function,
-                            reward_function=reward_function,
-                            validation_model=validation_model,
-                            validation_samples=config.validation_samples,
-                        )
-                finally:
-                    _CONTEXT.set(_RunContext())
+                    await self._train_run(store, run, scenarios, config, recipe, summary)
+                except Exception as exc:
+                    await _record_failure(store, run, exc)
+                    raise
                 await store.append(f"run-{run}", [RunFinished(run=run)])
-                summary.steps_trained.append(await model.get_step())
+                summary.final_step = await model.get_step()
                 return summary
         finally:
-            await self.close()
+            self._active_runs -= 1
+            if self._active_runs == 0:
+                await self.close()
 
     # --- internals ------------------------------------------------------------------------
 
+    async def _train_run(
+        self,
+        store: Store,
+        run: str,
+        scenarios: list[Any],
+        config: TrainingConfig,
+        recipe: _Recipe,
+        summary: RunSummary,
+    ) -> None:
+        model = recipe.model
+        for note in (await reconcile(store, run, model), await push_if_missing(store, run, model)):
+            if note:
+                summary.reconciled.append(note)
+                log.warning("run %s: %s", run, note)
+        summary.start_step = await model.get_step()
+        indexed = list(enumerate(scenarios))
+        batches_per_epoch = -(-len(scenarios) // config.batch_size)
+        for epoch in range(config.epochs):
+            for number, batch in enumerate(batched(indexed, config.batch_size)):
+                places = [
+                    _Place(
+                        group_id=group_id_for(run, epoch, index),
+                        run=run,
+                        epoch=epoch,
+                        batch=epoch * batches_per_epoch + number,
+                        scenario_index=index,
+                    )
+                    for index, _ in batch
+                ]
+                await self._train_batch(
+                    store, places, [s for _, s in batch], recipe, config, summary
+                )
+
+    async def _train_batch(
+        self,
+        store: Store,
+        places: list[_Place],
+        scenarios: list[Any],
+        recipe: _Recipe,
+        config: TrainingConfig,
+        summary: RunSummary,
+    ) -> None:
+        """Seal the batch's groups (those not sealed yet), then train what is not consumed."""
+        consumed = await consumed_groups(store, recipe.model, [p.group_id for p in places])
+        todo = [
+            (p, s) for p, s in zip(places, scenarios, strict=True) if p.group_id not in consumed
+        ]
+        if not todo:
+            return  # trained before this call
+        await _settle(self._seal_group(store, p, s, recipe, summary) for p, s in todo)
+        result = await train_groups(
+            store,
+            run=summary.run,
+            model=recipe.model,
+            group_ids=[p.group_id for p, _ in todo],
+            scorer=recipe.scorer,
+            train_kwargs=config.train_kwargs,
+        )
+        summary.steps_trained.append(result.step)
+
+    async def _seal_group(
+        self, store: Store, place: _Place, scenario: Any, recipe: _Recipe, summary: RunSummary
+    ) -> None:
+        """Finish what a group lacks (rollouts, rewards), then seal it, unless it is sealed."""
+        if await sealed_groups(store, [place.group_id]):
+            return
+        done = await group_rollouts(store, place.group_id)
+        if done.running:  # left by a crashed trainer (we hold the run's lease)
+            await abandon_rollouts(store, done.running)
+            note = (
+                f"{place}: {len(done.running)} rollouts in flight at a crash were recorded "
+                "as abandoned and rolled out again"
+            )
+            summary.reconciled.append(note)
+            log.warning(note)
+        model = recipe.model
+        step = await model.get_step() if getattr(model, "trainable", False) else None
+        wanted = [(model, "policy")] * max(0, recipe.group_size - len(done.policy))
+        if recipe.validation_model is not None:
+            missing = max(0, recipe.validation_samples - len(done.validation))
+            wanted += [(recipe.validation_model, "validation")] * missing
+        outcomes = await asyncio.gather(
+            *(
+                self.execute_rollout(
+                    model=who,
+                    scenario=scenario,
+                    agent_function=recipe.agent_function,
+                    run=place.run,
+                    group_id=place.group_id,
+                    scenario_index=place.scenario_index,
+                    role=role,
+                    policy_step=step if role == "policy" else None,
+                )
+                for who, role in wanted
+            ),
+            return_exceptions=True,
+        )
+        failures = [o for o in outcomes if isinstance(o, BaseException)]
+        summary.rollouts += len(outcomes) - len(failures)
+        summary.rollouts_failed += len(failures)
+        for failure in failures:
+            if not isinstance(failure, Exception):  # cancellation, KeyboardInterrupt
+                raise failure
+        done = await group_rollouts(store, place.group_id)
+        if not done.policy:
+            first = failures[0] if failures else None
+            raise RolloutsFailedError(
+                f"{place}: all {recipe.group_size} rollouts failed (recorded, with their "
+                f"tracebacks); the first error: {type(first).__name__}: {first}"
+            ) from first
+        if failures:
+            log.warning(
+                "%s: %d rollouts failed and are left out of the group (first: %s: %s)",
+                place,
+                len(failures),
+                type(failures[0]).__name__,
+                failures[0],
+            )
+        ids = [*done.policy, *done.validation]
+        trajectories = await store.trajectories(ids)
+        rewards = await call_reward_function(
+            recipe.reward_function,
+            scenario,
+            [done.results[i] for i in ids],
+            [trajectories[i] for i in ids],
+            str(place),
+        )
+        if done.validation:
+            policy, validation = rewards[: len(done.policy)], rewards[len(done.policy) :]
+            wins = sum(1 for p in policy for v in validation if p >= v)
+            log.info("%s: win rate %.3f", place, wins / (len(policy) * len(validation)))
+        # Rewards and seal in one append: a group stream holds both or nothing.
+        await store.append(
+            group_stream(place.group_id),
+            [
+                rewards_event(
+                    place.group_id,
+                    recipe.scorer,
+                    done.policy,
+                    done.validation,
+                    rewards,
+                    rescored=False,
+                ),
+                sealed_event(
+                    place.group_id,
+                    run=place.run,
+                    epoch=place.epoch,
+                    batch=place.batch,
+                    scenario_index=place.scenario_index,
+                    rollouts=done,
+                ),
+            ],
+            expected_version=NO_STREAM,
+        )
+        summary.groups_sealed += 1
+
     async def _start_or_resume(
         self,
+        store: Store,
         run: str,
         model: Any,
         scenarios: list[Any],
         config: TrainingConfig,
         validation_model: Any,
-    ) -> None:
-        store = await self.store()
+    ) -> bool:
+        """Record the run's start, or check the settings of a resume; True when resuming."""
         recorded = await store.read_stream(f"run-{run}", limit=1)
+        validation_name = getattr(validation_model, "name", None)
         if not recorded:
             await store.append(
                 f"run-{run}",
@@ -381,31 +564,30 @@ class TrainingFramework:
                         base_model=getattr(model, "base_model", None),
                         config=config.to_json(),
                         scenarios=scenarios,
-                        validation_model=getattr(validation_model, "name", None),
+                        validation_model=validation_name,
                         scorer=config.scorer,
                         trainer=trainer_id(),
                     )
                 ],
                 expected_version=NO_STREAM,
             )
-            return
+            return False
         started = recorded[0].decode()
         assert isinstance(started, RunStarted)
+        samples_then = started.config.get("validation_samples") if started.validation_model else 0
+        samples_now = config.validation_samples if validation_model is not None else 0
         changed = [
             name
-            for name, before, now in [
+            for name, then, now in [
                 ("model", f"{started.project}/{started.model}", model_key(model)),
                 ("scenarios", started.scenarios, scenarios),
                 ("batch_size", started.config.get("batch_size"), config.batch_size),
                 ("group_size", started.config.get("group_size"), config.group_size),
-                (
-                    "validation_samples",
-                    started.config.get("validation_samples"),
-                    config.validation_samples,
-                ),
+                ("validation model", started.validation_model, validation_name),
+                ("validation_samples", samples_then, samples_now),
                 ("scorer", started.scorer, config.scorer),
             ]
-            if before != now
+            if then != now
         ]
         if changed:
             raise ConfigurationError(
@@ -423,143 +605,72 @@ class TrainingFramework:
                 )
             ],
         )
-
-    async def _group_in_batch(self, *, run_context: _RunContext, **kwargs: Any) -> str:
-        """Seal one group of a batch (or find it sealed); returns its id."""
-        token = _CONTEXT.set(run_context)
-        try:
-            if run_context.run is None:
-                group = await self.process_scenario(**kwargs)
-                return str(group.metadata["group_id"])
-            assert run_context.epoch is not None and run_context.scenario_index is not None
-            group_id = group_id_for(run_context.run, run_context.epoch, run_context.scenario_index)
-            await self._seal_group(
-                group_id,
-                **{
-                    **kwargs,
-                    "validation_samples": kwargs["validation_samples"]
-                    if kwargs.get("validation_model") is not None
-                    else 0,
-                },
-            )
-            return group_id
-        finally:
-            _CONTEXT.reset(token)
-
-    async def _seal_group(
-        self,
-        group_id: str,
-        *,
-        model: Any,
-        scenario: Any,
-        group_size: int,
-        agent_function: AgentFunction,
-        reward_function: RewardFunction,
-        validation_model: Any,
-        validation_samples: int,
-    ) -> None:
-        """Finish what a group lacks (rollouts, rewards), then seal it, unless it is sealed."""
-        store = await self.store()
-        context = _CONTEXT.get()
-        if await sealed_groups(store, [group_id]):
-            return
-        done = await group_rollouts(store, group_id)
-        step = await model.get_step() if getattr(model, "trainable", False) else None
-        wanted = [(model, "policy")] * max(0, group_size - len(done.policy))
-        if validation_model is not None:
-            wanted += [(validation_model, "validation")] * max(
-                0, validation_samples - len(done.validation)
-            )
-        outcomes = await asyncio.gather(
-            *(
-                self.execute_rollout(
-                    model=who,
-                    scenario=scenario,
-                    agent_function=agent_function,
-                    role=role,
-                    group_id=group_id,
-                    policy_step=step if role == "policy" else None,
-                )
-                for who, role in wanted
-            ),
-            return_exceptions=True,
-        )
-        failures = [o for o in outcomes if isinstance(o, BaseException)]
-        for failure in failures:
-            if not isinstance(failure, Exception):  # cancellation, KeyboardInterrupt
-                raise failure
-        done = await group_rollouts(store, group_id)
-        where = _where(context, group_id)
-        if not done.policy:
-            first = failures[0] if failures else None
-            raise RolloutsFailedError(
-                f"{where}: all {group_size} rollouts failed; the last error: "
-                f"{type(first).__name__}: {first}"
-            ) from first
-        if failures:
-            log.warning(
-                "%s: %d rollouts failed and are left out of the group (first: %s: %s)",
-                where,
-                len(failures),
-                type(failures[0]).__name__,
-                failures[0],
-            )
-        ids = [*done.policy, *done.validation]
-        trajectories = await store.trajectories(ids)
-        rewards = await call_reward_function(
-            reward_function,
-            scenario,
-            [done.results[i] for i in ids],
-            [trajectories[i] for i in ids],
-            where,
-        )
-        if done.validation:
-            wins = sum(1 for m in _wins(rewards, done) if m)
-            log.info("%s: win rate %.3f", where, wins / (len(done.policy) * len(done.validation)))
-        await store.append(
-            group_stream(group_id),
-            [
-                rewards_event(
-                    group_id, context.scorer, done.policy, done.validation, rewards, rescored=False
-                ),
-                sealed_event(
-                    group_id,
-                    run=context.run,
-                    epoch=context.epoch,
-                    batch=context.batch,
-                    scenario_index=context.scenario_index,
-                    rollouts=done,
-                ),
-            ],
-            expected_version=NO_STREAM,
-        )
+        return True
 
 
-def _wins(rewards: list[float], done: Any) -> list[bool]:
-    policy, validation = rewards[: len(done.policy)], rewards[len(done.policy) :]
-    return [p >= v for p in policy for v in validation]
-
-
-def _where(context: _RunContext, group_id: str) -> str:
-    if context.run is None:
-        return f"group {group_id}"
-    return (
-        f"run {context.run!r}, epoch {context.epoch}, scenario {context.scenario_index} "
-        f"(group {group_id})"
+def _recipe(
+    model: Any,
+    agent_function: AgentFunction,
+    reward_function: RewardFunction,
+    group_size: int,
+    validation_model: Any,
+    validation_samples: int,
+    scorer: str,
+) -> _Recipe:
+    check_count("group_size", group_size)
+    check_count("validation_samples", validation_samples, allow_zero=True)
+    for name, function in [
+        ("agent_function", agent_function),
+        ("reward_function", reward_function),
+    ]:
+        if not callable(function):
+            raise ConfigurationError(f"{name} must be callable, got {function!r}")
+    return _Recipe(
+        model=model,
+        agent_function=agent_function,
+        reward_function=reward_function,
+        group_size=group_size,
+        validation_model=validation_model,
+        validation_samples=validation_samples if validation_model is not None else 0,
+        scorer=scorer,
     )
 
 
-def _scenario_json(scenario: Any, index: int) -> Any:
-    value = to_json_value(scenario)
+async def _settle(awaitables: Iterable[Awaitable[Any]]) -> list[Any]:
+    """Await all, then raise the first failure: a failed group leaves no sibling running."""
+    outcomes = await asyncio.gather(*awaitables, return_exceptions=True)
+    failures = [o for o in outcomes if isinstance(o, BaseException)]
+    for failure in failures:
+        if not isinstance(failure, Exception):
+            raise failure
+    if failures:
+        if len(failures) > 1:
+            failures[0].add_note(f"{len(failures) - 1} other groups of this batch failed too")
+        raise failures[0]
+    return outcomes
+
+
+async def _record_failure(store: Store, run: str, exc: Exception) -> None:
+    """Mark the run failed (a resume marks it running again); never hide `exc`."""
     try:
-        canonical_json(value)
+        await store.append(
+            f"run-{run}",
+            [RunFinished(run=run, status="failed", error=f"{type(exc).__name__}: {exc}")],
+        )
+    except Exception as append_error:
+        log.warning("run %s: could not record its failure: %s", run, append_error)
+
+
+def _scenario_json(scenario: Any, index: int) -> Any:
+    """The scenario as stored (and compared on resume), or a clear error if it is not JSON."""
+    try:
+        return json.loads(canonical_json(to_json_value(scenario)))
     except (TypeError, ValueError) as exc:
-        raise InvalidEventError(
+        raise ConfigurationError(
             f"scenario {index} is not JSON-serializable ({exc}); scenarios are stored as JSON "
             "so that a run can be resumed and re-scored: use dicts, lists, strings, numbers, "
             "or pydantic models"
         ) from None
-    return value
 
 
 async def train(

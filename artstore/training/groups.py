@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -11,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from artstore.capture.rollout import rollout_stream
 from artstore.errors import NotFoundError, RewardFunctionError
-from artstore.events import GroupSealed, RewardsRecorded
+from artstore.events import GroupSealed, RewardsRecorded, RolloutFailed
 from artstore.schema import tables as t
 
 if TYPE_CHECKING:
@@ -39,6 +41,7 @@ class GroupRollouts:
     policy: list[str] = field(default_factory=list)  # finished, in start order
     validation: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    running: list[str] = field(default_factory=list)  # started, never ended (a crash)
     results: dict[str, Any] = field(default_factory=dict)
 
 
@@ -56,7 +59,36 @@ async def group_rollouts(store: Store, group_id: str) -> GroupRollouts:
                 found.results[row.rollout_id] = row.result
             elif row.status == "failed":
                 found.failed.append(row.rollout_id)
+            else:
+                found.running.append(row.rollout_id)
     return found
+
+
+async def abandon_rollouts(store: Store, rollout_ids: Sequence[str]) -> None:
+    """Record rollouts left running by a dead trainer as failed; they are run again.
+
+    Only the holder of the run's lease may call this: no other process runs its rollouts.
+    """
+    if not rollout_ids:
+        return
+    streams = await store.read_streams(rollout_stream(r) for r in rollout_ids)
+    for rollout_id in rollout_ids:
+        recorded = streams[rollout_stream(rollout_id)]
+        await store.append(
+            rollout_stream(rollout_id),
+            [
+                RolloutFailed(
+                    rollout_id=rollout_id,
+                    error_type="RolloutAbandoned",
+                    error_message="the trainer stopped (crash or kill) before this rollout "
+                    "ended; the resumed run rolled out another in its place",
+                    traceback="",
+                    # Until its last recorded event: the moment of the crash is unknown.
+                    duration_s=(recorded[-1].recorded_at - recorded[0].recorded_at).total_seconds(),
+                )
+            ],
+            expected_version=recorded[-1].version,
+        )
 
 
 async def sealed_groups(store: Store, group_ids: Sequence[str]) -> dict[str, GroupSealed]:
@@ -74,6 +106,11 @@ def check_rewards(rewards: Any, expected: int, where: str) -> list[float]:
     """The rewards as floats, or a RewardFunctionError that says what is wrong."""
     if inspect.isawaitable(rewards):
         raise RewardFunctionError(f"{where}: the reward function returned an unawaited coroutine")
+    if isinstance(rewards, (str, bytes, dict)):
+        raise RewardFunctionError(
+            f"{where}: the reward function must return a list of numbers, got "
+            f"{type(rewards).__name__}"
+        )
     try:
         values = list(rewards)
     except TypeError:
@@ -88,7 +125,7 @@ def check_rewards(rewards: Any, expected: int, where: str) -> list[float]:
         )
     checked = []
     for index, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise RewardFunctionError(f"{where}: reward {index} is {value!r}, not a number")
         if not math.isfinite(value):
             raise RewardFunctionError(f"{where}: reward {index} is {value}, not a finite number")

@@ -49,8 +49,13 @@ async def trainer_lease(database: Database, run: str, model: str) -> AsyncIterat
             try:
                 yield
             finally:
-                await connection.execute(text(f"SELECT pg_advisory_unlock({key})"))
-                await connection.commit()
+                try:
+                    await connection.execute(text(f"SELECT pg_advisory_unlock({key})"))
+                    await connection.commit()
+                except Exception:
+                    # Never hand a connection that may still hold the lock back to the
+                    # pool: closing it makes the server release the lock.
+                    await connection.invalidate()
         return
     database_file = Path(database.url.database or "artstore.db")
     lock_path = database_file.with_name(f"{database_file.name}.run-{key:x}.lock")

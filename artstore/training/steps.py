@@ -1,10 +1,11 @@
 """Train steps: feeding sealed groups to `backend.train`, recorded so that none runs twice.
 
-A step is `train_step.started`, then ART's `backend.train`, then `train_step.completed`
-written in the same transaction as the consumption of its groups (invariant 4). A crash
-between `backend.train` returning and the completion being written is reconciled on the
-next start with the backend's own step, and the reconciliation is itself an event
-(invariant 5).
+A step is `train_step.started`, ART's `backend.train` then `model.log`, then
+`train_step.completed` written in the same transaction as the consumption of its groups
+(invariant 4), then the checkpoint push (`checkpoint.pushed`). A crash between
+`backend.train` returning and the completion being written is reconciled on the next start
+with the backend's own step, and the reconciliation is itself an event (invariant 5); a
+push a crash interrupted is done again.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from artstore.errors import ArtstoreError
 from artstore.events import CheckpointPushed, TrainStepCompleted, TrainStepFailed, TrainStepStarted
@@ -34,6 +35,10 @@ log = logging.getLogger("artstore.training")
 
 class TrainStepError(ArtstoreError):
     """`backend.train` raised; the step was recorded as failed and its groups stay unconsumed."""
+
+
+class BackendStepError(ArtstoreError):
+    """The backend's step is behind the steps the store recorded for the model."""
 
 
 def model_key(model: Any) -> str:
@@ -63,24 +68,46 @@ async def consumed_groups(store: Store, model: Any, group_ids: Sequence[str]) ->
 
 
 async def reconcile(store: Store, run: str, model: art.TrainableModel) -> str | None:
-    """Settle a step left open by a crash, with the backend's step. Returns what was done."""
-    query = (
-        select(t.train_steps)
-        .where(
-            t.train_steps.c.run == run,
-            t.train_steps.c.model == model_key(model),
-            t.train_steps.c.status == "started",
-        )
-        .order_by(t.train_steps.c.id.desc())
-        .limit(1)
-    )
+    """Settle a step left open by a crash, with the backend's own step; say what was done.
+
+    Also refuses a backend that is behind what the store recorded (its checkpoints were
+    deleted, or it points at another directory): training on would reuse step numbers.
+    """
     async with store.database.read() as connection:
-        open_step = (await connection.execute(query)).first()
+        open_step = (
+            await connection.execute(
+                select(t.train_steps)
+                .where(
+                    t.train_steps.c.run == run,
+                    t.train_steps.c.model == model_key(model),
+                    t.train_steps.c.status == "started",
+                )
+                .order_by(t.train_steps.c.id.desc())
+                .limit(1)
+            )
+        ).first()
+        recorded_step = (
+            await connection.execute(
+                select(func.max(t.train_steps.c.step)).where(
+                    t.train_steps.c.model == model_key(model),
+                    t.train_steps.c.status == "completed",
+                )
+            )
+        ).scalar()
+    backend_step = await model.get_step()
+    if recorded_step is not None and backend_step < recorded_step:
+        raise BackendStepError(
+            f"{model_key(model)} is at step {backend_step} on its backend, but the store "
+            f"recorded step {recorded_step} as trained into it: its checkpoints were deleted "
+            "or the backend points at another directory. Use the original backend path, or "
+            "train into a new model name."
+        )
     if open_step is None:
         return None
-    backend_step = await model.get_step()
+    group_ids = list(open_step.group_ids)
     if backend_step > open_step.step_before:
-        # backend.train returned but the trainer died before recording it.
+        # backend.train returned (or wrote its checkpoint) but the trainer died before the
+        # step was recorded: the groups were trained, record that rather than train again.
         await store.append(
             train_stream(run),
             [
@@ -88,13 +115,18 @@ async def reconcile(store: Store, run: str, model: art.TrainableModel) -> str | 
                     run=run,
                     model=model_key(model),
                     step=backend_step,
-                    group_ids=list(open_step.group_ids),
+                    group_ids=group_ids,
                     scorer=open_step.scorer,
                     reconciled=True,
                 )
             ],
         )
-        return f"step {backend_step} was trained before a crash; recorded it"
+        # The trajectories of the step for ART's own history (metrics died with the trainer).
+        await _log_step(model, await load_groups(store, group_ids, open_step.scorer), backend_step)
+        return (
+            f"step {backend_step} was trained before a crash but not recorded; "
+            "recorded it from the backend's step"
+        )
     await store.append(
         train_stream(run),
         [
@@ -102,14 +134,24 @@ async def reconcile(store: Store, run: str, model: art.TrainableModel) -> str | 
                 run=run,
                 model=model_key(model),
                 step=open_step.step_before,
-                group_ids=list(open_step.group_ids),
+                group_ids=group_ids,
                 error_type="TrainerStopped",
                 error_message="the trainer stopped before backend.train returned; "
                 "its groups are trained again",
             )
         ],
     )
-    return f"step {open_step.step_before + 1} did not finish before a crash; it is retried"
+    return (
+        f"step {open_step.step_before + 1} was interrupted by a crash before the backend "
+        "finished it; its groups are trained again"
+    )
+
+
+async def _log_step(model: Any, groups: list[Any], step: int, metrics: Any = None) -> None:
+    try:
+        await model.log(groups, metrics=metrics, step=step, split="train")
+    except Exception as exc:  # ART's own logging must not undo a recorded step
+        log.warning("model.log failed after step %s: %s", step, exc)
 
 
 async def train_groups(
@@ -158,6 +200,10 @@ async def train_groups(
             f"backend.train failed at step {step_before + 1} of run {run!r}: "
             f"{type(exc).__name__}: {exc} (the groups stay unconsumed; resume to retry)"
         ) from exc
+    duration_s = time.monotonic() - clock
+    # ART's own history before the record: a crash in between logs the step again on
+    # resume (the same parquet file, rewritten) rather than never.
+    await _log_step(model, groups, result.step, result.metrics)
     checkpoint = getattr(result, "checkpoint_path", None) or getattr(result, "artifact_name", None)
     await store.append(
         train_stream(run),
@@ -169,15 +215,11 @@ async def train_groups(
                 group_ids=list(group_ids),
                 scorer=scorer,
                 metrics=_finite_metrics(result.metrics),
-                duration_s=time.monotonic() - clock,
+                duration_s=duration_s,
                 checkpoint=checkpoint,
             )
         ],
     )
-    try:
-        await model.log(groups, metrics=result.metrics, step=result.step, split="train")
-    except Exception as exc:  # ART's own logging must not undo a recorded step
-        log.warning("model.log failed after step %s: %s", result.step, exc)
     await push_checkpoint(store, run=run, model=model, step=result.step)
     return result
 
@@ -211,10 +253,13 @@ async def push_checkpoint(store: Store, *, run: str, model: Any, step: int) -> b
     return True
 
 
-async def push_if_missing(store: Store, run: str, model: Any) -> None:
-    """After a crash during a push: push the latest completed step that was not pushed."""
+async def push_if_missing(store: Store, run: str, model: Any) -> str | None:
+    """After a crash during a push: push the latest completed step that was not pushed.
+
+    Pushing copies the whole model directory, so the latest step covers earlier ones.
+    """
     if not can_push(model):
-        return
+        return None
     query = (
         select(t.train_steps.c.step, t.train_steps.c.pushed_to)
         .where(
@@ -227,8 +272,11 @@ async def push_if_missing(store: Store, run: str, model: Any) -> None:
     )
     async with store.database.read() as connection:
         latest = (await connection.execute(query)).first()
-    if latest is not None and latest.pushed_to is None:
-        await push_checkpoint(store, run=run, model=model, step=latest.step)
+    if latest is None or latest.pushed_to is not None:
+        return None
+    if await push_checkpoint(store, run=run, model=model, step=latest.step):
+        return f"the checkpoint of step {latest.step} had not been pushed; pushed it"
+    return None
 
 
 def _finite_metrics(metrics: dict[str, Any]) -> dict[str, float]:
