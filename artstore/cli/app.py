@@ -10,6 +10,7 @@ from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from artstore.errors import ArtstoreError
 
@@ -51,30 +52,65 @@ def root(
     State.debug = debug
 
 
+class UsageError(Exception):
+    """What was named on the command line cannot be used (exit status 2)."""
+
+
+def say_error(message: str) -> None:
+    """One line on stderr, never wrapped to the terminal's width, markup escaped."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
 def run(work: Callable[[], Awaitable[T]]) -> T:
-    """Run a command's coroutine; artstore errors become one line on stderr and exit 1."""
+    """Run a command's coroutine with every error as one line on stderr.
+
+    A UsageError exits 2; an artstore error (or ValueError, LookupError, OSError) exits 1;
+    anything else exits 1 with its type named. A traceback only with `--debug`.
+    """
     try:
         return asyncio.run(work())  # type: ignore[arg-type]
-    except (ArtstoreError, ValueError, LookupError, OSError) as exc:
-        if State.debug:
-            raise
-        err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         err_console.print("interrupted")
         raise typer.Exit(130) from None
+    except Exception as exc:
+        if State.debug:
+            raise
+        if isinstance(exc, UsageError):
+            say_error(str(exc))
+            raise typer.Exit(2) from None
+        if isinstance(exc, (ArtstoreError, ValueError, LookupError, OSError)):
+            say_error(str(exc))
+        else:
+            lines = str(exc).strip().splitlines()
+            first = lines[0] if lines else ""
+            say_error(f"{type(exc).__name__}: {first} (--debug shows the traceback)")
+        raise typer.Exit(1) from None
 
 
 def fail(message: str) -> typer.Exit:
     """Print a usage error on stderr; `raise fail(...)` exits with status 2."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    say_error(message)
     return typer.Exit(2)
 
 
 def _register_commands() -> None:
-    from artstore.cli import db
+    from artstore.cli import db, sql
 
     app.add_typer(db.app, name="db")
+    app.command("sql")(sql.sql)
+
+    from artstore.cli import demo, replay, rescore, runs
+
+    app.command("runs")(runs.runs)
+    app.command("show")(runs.show)
+    app.command("replay")(replay.replay)
+    app.command("rescore")(rescore.rescore)
+    app.command("demo")(demo.demo)
+
+    from artstore.cli import exchange
+
+    app.command("export")(exchange.export)
+    app.command("import")(exchange.import_)
 
 
 _register_commands()

@@ -2,17 +2,21 @@
 
 Consumption is per trained model, so groups that trained model A can train model B too,
 and a run whose trainer died can be finished from its stored groups alone.
+
+`plan_replay` says what would be trained (per step: groups, rewards, ART's advantages,
+staleness) without touching anything; `replay` trains that plan, one `backend.train`
+call per planned step, recorded like a step of the run itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 
-from artstore.errors import NotFoundError
+from artstore.errors import ConfigurationError, NotFoundError
 from artstore.schema import tables as t
 from artstore.training.lease import trainer_lease
 from artstore.training.steps import consumed_groups, model_key, reconcile, train_groups
@@ -28,10 +32,17 @@ class PlannedGroup:
     group_id: str
     batch: int | None
     scenario_index: int | None
-    policy_step: int | None
-    staleness: int | None  # the model's step minus the step that generated the group
+    policy_step: int | None  # the policy step that generated the group's rollouts
+    # The step the model will be at when it trains this group, minus `policy_step`.
+    # Negative when the group came from a later step of another model (replaying run A's
+    # groups into a fresh model B); None when the rollouts carry no policy step.
+    staleness: int | None
     rewards: list[float]
-    advantages: list[float]
+    advantages: list[float]  # ART's group-relative advantages for `rewards`
+    step: int | None = None  # index of the planned step (0, 1, ...); None when skipped
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass
@@ -39,11 +50,12 @@ class ReplayPlan:
     run: str
     model: str
     scorer: str
-    model_step: int
+    model_step: int  # the model's step when the plan was made
     steps: list[list[PlannedGroup]] = field(default_factory=list)  # one list per train step
     skipped_stale: list[PlannedGroup] = field(default_factory=list)
     unscored: list[str] = field(default_factory=list)  # groups without the scorer's rewards
-    trained_steps: list[int] = field(default_factory=list)
+    consumed: int = 0  # groups of the run this model had consumed already
+    trained_steps: list[int] = field(default_factory=list)  # steps reached, after training
 
     @property
     def groups(self) -> list[PlannedGroup]:
@@ -51,11 +63,29 @@ class ReplayPlan:
 
 
 async def run_info(store: Store, run: str) -> Any:
+    """The `runs` row of `run`, or NotFoundError."""
     async with store.database.read() as connection:
         row = (await connection.execute(select(t.runs).where(t.runs.c.run == run))).first()
     if row is None:
         raise NotFoundError(f"no run {run!r} in this store (see `artstore runs`)")
     return row
+
+
+async def stored_model_step(store: Store, model: str) -> int:
+    """The step `model` ("project/name") reached by the train steps recorded here (0: none).
+
+    What `model.get_step()` would say when the backend's checkpoints are not at hand
+    (a dry run without `--backend`).
+    """
+    async with store.database.read() as connection:
+        step = (
+            await connection.execute(
+                select(func.max(t.train_steps.c.step)).where(
+                    t.train_steps.c.model == model, t.train_steps.c.status == "completed"
+                )
+            )
+        ).scalar()
+    return int(step or 0)
 
 
 async def plan_replay(
@@ -66,13 +96,30 @@ async def plan_replay(
     scorer: str | None = None,
     max_staleness: int | None = None,
     groups_per_step: int | None = None,
+    scale_rewards: bool = True,
+    model_step: int | None = None,
 ) -> ReplayPlan:
-    """What a replay would train: unconsumed sealed groups of `run`, in their batches."""
+    """What a replay would train: the sealed groups of `run` that `model` has not consumed.
+
+    Groups are taken in the run's order (batch, scenario). By default each batch of the
+    run is one step (at most `batch_size` groups, as the run trained them); with
+    `groups_per_step`, consecutive groups are packed `groups_per_step` to a step.
+    Groups without rewards by `scorer` (the run's scorer by default) are left out and
+    listed in `unscored`. With `max_staleness`, groups whose staleness at the step that
+    would train them is above it are left out and listed in `skipped_stale`; they stay
+    unconsumed. `model_step` replaces `await model.get_step()` (for plans made without
+    a backend). Nothing is written.
+    """
     from artstore.backends.check_only import group_advantages
 
+    if groups_per_step is not None and groups_per_step < 1:
+        raise ConfigurationError(f"groups_per_step must be positive, got {groups_per_step}")
+    if max_staleness is not None and max_staleness < 0:
+        raise ConfigurationError(f"max_staleness must be non-negative, got {max_staleness}")
     info = await run_info(store, run)
     scorer = scorer or info.scorer
-    model_step = await model.get_step()
+    if model_step is None:
+        model_step = await model.get_step()
     plan = ReplayPlan(run=run, model=model_key(model), scorer=scorer, model_step=model_step)
     async with store.database.read() as connection:
         groups = (
@@ -83,20 +130,19 @@ async def plan_replay(
             )
         ).all()
         ids = [g.group_id for g in groups]
-        steps = (
-            dict(
-                (
-                    await connection.execute(
-                        select(t.rollouts.c.group_id, func.min(t.rollouts.c.policy_step))
-                        .where(t.rollouts.c.group_id.in_(ids), t.rollouts.c.role == "policy")
-                        .group_by(t.rollouts.c.group_id)
-                    )
-                ).all()
+        policy_steps: dict[str, int | None] = {}
+        for start in range(0, len(ids), 500):
+            rows = await connection.execute(
+                select(t.rollouts.c.group_id, func.min(t.rollouts.c.policy_step))
+                .where(
+                    t.rollouts.c.group_id.in_(ids[start : start + 500]),
+                    t.rollouts.c.role == "policy",
+                )
+                .group_by(t.rollouts.c.group_id)
             )
-            if ids
-            else {}
-        )
+            policy_steps.update(rows.all())
     consumed = await consumed_groups(store, model, ids)
+    plan.consumed = len(consumed)
     rewards = await _policy_rewards(store, [g for g in ids if g not in consumed], scorer)
     size = groups_per_step or info.config.get("batch_size") or 1
     current_batch: Any = object()
@@ -106,8 +152,12 @@ async def plan_replay(
         if group.group_id not in rewards:
             plan.unscored.append(group.group_id)
             continue
-        policy_step = steps.get(group.group_id)
-        staleness = None if policy_step is None else model_step - policy_step
+        new_step = not plan.steps or len(plan.steps[-1]) >= size
+        if groups_per_step is None and group.batch != current_batch:
+            new_step = True
+        step_index = len(plan.steps) if new_step else len(plan.steps) - 1
+        policy_step = policy_steps.get(group.group_id)
+        staleness = None if policy_step is None else model_step + step_index - policy_step
         planned = PlannedGroup(
             group.group_id,
             group.batch,
@@ -115,14 +165,14 @@ async def plan_replay(
             policy_step,
             staleness,
             rewards[group.group_id],
-            group_advantages(rewards[group.group_id]),
+            group_advantages(rewards[group.group_id], scale_rewards=scale_rewards),
         )
         if max_staleness is not None and staleness is not None and staleness > max_staleness:
             plan.skipped_stale.append(planned)
             continue
-        new_step = groups_per_step is None and group.batch != current_batch
-        if not plan.steps or new_step or len(plan.steps[-1]) >= size:
+        if new_step:
             plan.steps.append([])
+        planned.step = step_index
         plan.steps[-1].append(planned)
         current_batch = group.batch
     return plan
@@ -135,19 +185,24 @@ async def _policy_rewards(
     from artstore.training.groups import sealed_groups
 
     sealed = await sealed_groups(store, group_ids)
-    found: dict[str, list[float]] = {}
+    latest: dict[str, dict[str, float]] = {}
     async with store.database.read() as connection:
-        for group_id, event in sealed.items():
-            latest: dict[str, float] = {}
+        for start in range(0, len(group_ids), 500):
             query = (
-                select(t.rewards.c.rollout_id, t.rewards.c.reward)
-                .where(t.rewards.c.group_id == group_id, t.rewards.c.scorer == scorer)
-                .order_by(t.rewards.c.position)
+                select(t.rewards.c.group_id, t.rewards.c.rollout_id, t.rewards.c.reward)
+                .where(
+                    t.rewards.c.group_id.in_(group_ids[start : start + 500]),
+                    t.rewards.c.scorer == scorer,
+                )
+                .order_by(t.rewards.c.position, t.rewards.c.id)
             )
-            for row in await connection.execute(query):
-                latest[row.rollout_id] = row.reward
-            if all(rid in latest for rid in event.rollout_ids):
-                found[group_id] = [latest[rid] for rid in event.rollout_ids]
+            for row in await connection.execute(query):  # later rows replace earlier ones
+                latest.setdefault(row.group_id, {})[row.rollout_id] = row.reward
+    found: dict[str, list[float]] = {}
+    for group_id, event in sealed.items():
+        scored = latest.get(group_id, {})
+        if all(rid in scored for rid in event.rollout_ids):
+            found[group_id] = [scored[rid] for rid in event.rollout_ids]
     return found
 
 
@@ -161,26 +216,41 @@ async def replay(
     groups_per_step: int | None = None,
     dry_run: bool = False,
     train_kwargs: dict[str, Any] | None = None,
+    on_plan: Callable[[ReplayPlan], None] | None = None,
     on_step: Callable[[int, int], None] | None = None,
+    model_step: int | None = None,
 ) -> ReplayPlan:
     """Train `model` on the groups of `run` it has not consumed; `dry_run` only plans.
 
     `model` must be registered with its backend. Each planned step is one
-    `backend.train` call, recorded like a step of the run itself.
+    `backend.train` call, recorded like a step of the run itself (`train_step.*` events
+    on the run's train stream, the groups consumed by `model`). A dry run writes nothing
+    and takes no lease, so it can look at a run while its trainer is at work.
+    `on_plan(plan)` is called once planned, `on_step(done, total)` after each step.
+    `model_step` stands for `await model.get_step()` in a dry run (a plan made without
+    a backend).
     """
+    train_kwargs = dict(train_kwargs or {})
+    scale_rewards = bool(
+        train_kwargs.get("scale_rewards", True) and train_kwargs.get("normalize_advantages", True)
+    )
+    options = {
+        "scorer": scorer,
+        "max_staleness": max_staleness,
+        "groups_per_step": groups_per_step,
+        "scale_rewards": scale_rewards,
+    }
+    if dry_run:
+        plan = await plan_replay(store, run, model, model_step=model_step, **options)
+        if on_plan is not None:
+            on_plan(plan)
+        return plan
+    await run_info(store, run)  # an unknown run is an error before the lease file is made
     async with trainer_lease(store.database, run, model_key(model)):
-        if not dry_run:
-            await reconcile(store, run, model)
-        plan = await plan_replay(
-            store,
-            run,
-            model,
-            scorer=scorer,
-            max_staleness=max_staleness,
-            groups_per_step=groups_per_step,
-        )
-        if dry_run:
-            return plan
+        await reconcile(store, run, model)
+        plan = await plan_replay(store, run, model, **options)
+        if on_plan is not None:
+            on_plan(plan)
         for number, step in enumerate(plan.steps):
             result = await train_groups(
                 store,

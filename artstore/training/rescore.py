@@ -1,18 +1,27 @@
 """Re-scoring: new rewards for stored groups, without running any agent again.
 
-The reward function gets what it got during the run — the stored scenario, the agents'
-stored results and the projected trajectories — and its rewards are appended under a
-scorer name; earlier scores stay. A training or a replay names the scorer it trains on.
+The reward function gets what it got during the run — the stored scenario (as JSON), the
+agents' stored results and the projected trajectories (with the rewards of the run's
+scorer) — and its rewards are appended under a scorer name; earlier scores stay. A
+training or a replay names the scorer it trains on.
+
+A reward function may return `Rewards(values, metrics=[...])` instead of a plain list to
+record metrics per trajectory beside the rewards (RULER's scores, for instance); they are
+merged into the trajectories' metrics when the group is trained on that scorer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from artstore.errors import ConfigurationError, NotFoundError, RewardFunctionError
+from artstore.events import RewardsRecorded
 from artstore.schema import tables as t
 from artstore.training.groups import (
     call_reward_function,
@@ -27,6 +36,19 @@ if TYPE_CHECKING:
     from artstore.store import Store
 
 RewardFunction = Callable[[Any, list[Any], list[Any]], Any]
+Metrics = dict[str, float | int | bool]
+
+
+class Rewards(list):
+    """A reward function's rewards, with metrics per trajectory to record beside them.
+
+    `Rewards([1.0, 0.5], metrics=[{"judge_score": 1.0}, {"judge_score": 0.5}])`: a list
+    of floats (so it is a valid plain result too) plus `metrics`, one dict per reward.
+    """
+
+    def __init__(self, values: Sequence[float], metrics: Sequence[Metrics] | None = None):
+        super().__init__(values)
+        self.metrics: list[Metrics] = [dict(m) for m in metrics] if metrics is not None else []
 
 
 async def rescore(
@@ -37,65 +59,172 @@ async def rescore(
     *,
     group_ids: Sequence[str] | None = None,
     concurrency: int = 8,
+    only_missing: bool = False,
+    on_start: Callable[[int], None] | None = None,
     on_group: Callable[[str], None] | None = None,
 ) -> list[str]:
     """Score every sealed group of `run` (or `group_ids`) with `reward_function` as `scorer`.
 
-    Each group's rewards are one atomic event. If the function fails for a group, the
-    groups scored before it keep their new rewards and the error says which group failed.
-    Returns the ids of the groups scored.
+    The function is called as during the run, `reward_function(scenario, results,
+    trajectories)`, with the group's policy then validation rollouts, and may be async.
+    Each group's rewards are one atomic `rewards.recorded` event (`rescored=True`), with
+    the win metrics against the validation rollouts recomputed for the new rewards.
+
+    Up to `concurrency` groups are scored at once. If the function fails for a group, no
+    further group is started, the groups scored before keep their new rewards, and a
+    RewardFunctionError names the failed group. Returns the ids of the groups scored, in
+    the run's order. `on_start(total)` is called once with the number of groups to score,
+    `on_group(group_id)` after each group is recorded. With `only_missing`, groups that
+    `scorer` has already scored are left as they are (to finish a re-scoring that stopped).
     """
-    if not scorer or not scorer.strip():
-        raise ValueError("a scorer name is needed (the rewards are recorded under it)")
-    await run_info(store, run)
+    if not isinstance(scorer, str) or not scorer.strip():
+        raise ConfigurationError("a scorer name is needed (the rewards are recorded under it)")
+    if concurrency < 1:
+        raise ConfigurationError(f"concurrency must be positive, got {concurrency}")
+    if not callable(reward_function):
+        raise ConfigurationError(f"the reward function {reward_function!r} is not callable")
+    info = await run_info(store, run)
+    async with store.database.read() as connection:
+        in_run = [
+            row.group_id
+            for row in await connection.execute(
+                select(t.groups.c.group_id)
+                .where(t.groups.c.run == run)
+                .order_by(t.groups.c.batch, t.groups.c.scenario_index, t.groups.c.position)
+            )
+        ]
     if group_ids is None:
-        async with store.database.read() as connection:
-            group_ids = [
-                row.group_id
-                for row in await connection.execute(
-                    select(t.groups.c.group_id)
-                    .where(t.groups.c.run == run)
-                    .order_by(t.groups.c.batch, t.groups.c.scenario_index)
-                )
-            ]
+        group_ids = in_run
+    else:
+        unknown = [g for g in group_ids if g not in set(in_run)]
+        if unknown:
+            raise NotFoundError(f"group {unknown[0]} is not a sealed group of run {run!r}")
     sealed = await sealed_groups(store, list(group_ids))
+    todo = [g for g in group_ids if g in sealed and sealed[g].rollout_ids]
+    if only_missing:
+        done_before = await _scored_groups(store, todo, scorer)
+        todo = [g for g in todo if g not in done_before]
+    if on_start is not None:
+        on_start(len(todo))
     limit = asyncio.Semaphore(concurrency)
-    scored: list[str] = []
+    scored: set[str] = set()
+    failures: list[BaseException] = []
 
     async def score(group_id: str) -> None:
-        event = sealed[group_id]
-        policy, validation = event.rollout_ids, event.validation_rollout_ids
-        ids = [*policy, *validation]
         async with limit:
-            done = await group_rollouts(store, group_id)
-            scenario = await _stored_scenario(store, ids[0])
-            trajectories = await store.trajectories(ids)
-            rewards = await call_reward_function(
-                reward_function,
-                scenario,
-                [done.results.get(rid) for rid in ids],
-                [trajectories[rid] for rid in ids],
-                f"run {run!r}, group {group_id} (scenario {event.scenario_index})",
-            )
-            await store.append(
-                group_stream(group_id),
-                [rewards_event(group_id, scorer, policy, validation, rewards, rescored=True)],
-            )
-        scored.append(group_id)
+            if failures:
+                return  # stop starting groups after the first failure
+            try:
+                await _score_group(
+                    store, run, info.scorer, group_id, sealed[group_id], scorer, reward_function
+                )
+            except Exception as exc:
+                failures.append(exc)
+                return
+        scored.add(group_id)
         if on_group is not None:
             on_group(group_id)
 
-    outcomes = await asyncio.gather(
-        *(score(g) for g in group_ids if g in sealed), return_exceptions=True
-    )
-    failures = [o for o in outcomes if isinstance(o, BaseException)]
+    await asyncio.gather(*(score(g) for g in todo))
+    done = [g for g in todo if g in scored]
     if failures:
-        failures[0].add_note(
-            f"{len(scored)} groups of run {run!r} were re-scored as {scorer!r}, "
-            f"{len(failures)} failed; re-scoring appends, so running it again is safe"
+        first = failures[0]
+        summary = (
+            f"{len(done)} of {len(todo)} groups of run {run!r} were re-scored as {scorer!r} "
+            "before it stopped (re-scoring appends, so running it again is safe)"
         )
-        raise failures[0]
-    return scored
+        if isinstance(first, RewardFunctionError):
+            raise RewardFunctionError(f"{first}; {summary}") from first
+        first.add_note(summary)
+        raise first
+    return done
+
+
+async def _score_group(
+    store: Store,
+    run: str,
+    run_scorer: str,
+    group_id: str,
+    event: Any,
+    scorer: str,
+    reward_function: RewardFunction,
+) -> None:
+    policy, validation = list(event.rollout_ids), list(event.validation_rollout_ids)
+    ids = [*policy, *validation]
+    done = await group_rollouts(store, group_id)
+    scenario = await _stored_scenario(store, ids[0])
+    trajectories = await store.trajectories(ids, scorer=run_scorer)
+    returned: list[Any] = []
+
+    async def capturing(*args: Any) -> Any:
+        value = reward_function(*args)
+        if inspect.isawaitable(value):
+            value = await value
+        returned.append(value)
+        return value
+
+    rewards = await call_reward_function(
+        capturing,
+        scenario,
+        [done.results.get(rid) for rid in ids],
+        [trajectories[rid] for rid in ids],
+        f"run {run!r}, group {group_id} (scenario {event.scenario_index})",
+    )
+    recorded = rewards_event(group_id, scorer, policy, validation, rewards, rescored=True)
+    extra = getattr(returned[0], "metrics", None) if returned else None
+    if extra:
+        recorded = _with_metrics(recorded, ids, extra, group_id)
+    await store.append(group_stream(group_id), [recorded])
+
+
+def _with_metrics(
+    recorded: RewardsRecorded, ids: list[str], extra: Sequence[Metrics], group_id: str
+) -> RewardsRecorded:
+    """The event with the reward function's metrics merged under the win metrics."""
+    if len(extra) != len(ids):
+        raise RewardFunctionError(
+            f"group {group_id}: the reward function returned {len(extra)} metrics dicts "
+            f"for {len(ids)} trajectories"
+        )
+    metrics: dict[str, Metrics] = {}
+    for rollout_id, values in zip(ids, extra, strict=True):
+        merged = dict(values)
+        for name, value in merged.items():
+            if not isinstance(value, (bool, int, float)) or not math.isfinite(value):
+                raise RewardFunctionError(
+                    f"group {group_id}: metric {name!r} of rollout {rollout_id} is {value!r}; "
+                    "metrics are finite numbers or booleans"
+                )
+        merged.update(recorded.metrics.get(rollout_id, {}))
+        if merged:
+            metrics[rollout_id] = merged
+    return RewardsRecorded(
+        group_id=recorded.group_id,
+        scorer=recorded.scorer,
+        rewards=recorded.rewards,
+        metrics=metrics,
+        rescored=recorded.rescored,
+    )
+
+
+async def _scored_groups(store: Store, group_ids: list[str], scorer: str) -> set[str]:
+    """The groups that have a `scorer` reward for every rollout."""
+    sealed = await sealed_groups(store, group_ids)
+    scored: dict[str, set[str]] = {}
+    async with store.database.read() as connection:
+        for start in range(0, len(group_ids), 500):
+            for row in await connection.execute(
+                select(t.rewards.c.group_id, t.rewards.c.rollout_id).where(
+                    t.rewards.c.group_id.in_(group_ids[start : start + 500]),
+                    t.rewards.c.scorer == scorer,
+                )
+            ):
+                scored.setdefault(row.group_id, set()).add(row.rollout_id)
+    return {
+        g
+        for g, event in sealed.items()
+        if {*event.rollout_ids, *event.validation_rollout_ids} <= scored.get(g, set())
+    }
 
 
 async def _stored_scenario(store: Store, rollout_id: str) -> Any:

@@ -1,0 +1,151 @@
+"""`artstore demo`: a complete small training run, offline, recorded in the store."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from artstore.cli.app import UrlOption, console, err_console, run
+from artstore.cli.output import OutputFormat, print_rows
+from artstore.urls import redact, resolve_url
+
+
+def demo(
+    url: UrlOption = None,
+    workdir: Annotated[
+        Path | None,
+        typer.Option(
+            "--workdir",
+            help="Where the demo backend keeps its checkpoints (<workdir>/.art). "
+            "Default: the current directory.",
+            show_default=False,
+        ),
+    ] = None,
+    epochs: Annotated[int, typer.Option(min=1, help="Passes over the scenarios.")] = 2,
+    scenarios: Annotated[int, typer.Option(min=1, help="Questions to train on.")] = 4,
+    batch_size: Annotated[int, typer.Option(min=1, help="Scenarios per train step.")] = 2,
+    group_size: Annotated[int, typer.Option(min=1, help="Rollouts per scenario.")] = 4,
+) -> None:
+    """Train a small LangGraph agent offline and record everything (a new run each time).
+
+    The agent answers "how many legs do N animals have?" with two tools, against a
+    local inference server started here; a reward function scores it, and a CPU
+    backend (CheckOnlyBackend) checks each step like ART's trainer without a GPU.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    bar = Progress(
+        TextColumn("{task.description:<10}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err_console,
+        disable=not err_console.is_terminal,
+    )
+    tasks: dict[str, Any] = {}
+
+    def started(name: str, rollouts: int, steps: int) -> None:
+        err_console.print(
+            f"demo run [bold]{name}[/]: {scenarios} questions × {group_size} rollouts, "
+            f"{epochs} epochs, {steps} train steps",
+            highlight=False,
+        )
+        tasks["rollouts"] = bar.add_task("rollouts", total=rollouts)
+        tasks["steps"] = bar.add_task("steps", total=steps)
+
+    def stepped(step: int) -> None:
+        bar.advance(tasks["steps"])
+        if not bar.disable:
+            return
+        err_console.print(f"  trained step {step}", highlight=False)
+
+    async def work() -> tuple[Any, dict[str, Any], str]:
+        import artstore
+        from artstore.demo import run_demo
+        from artstore.training.overview import describe_run
+
+        async with await artstore.open_store(url) as store:
+            with bar:
+                result = await run_demo(
+                    store,
+                    workdir=workdir,
+                    epochs=epochs,
+                    batch_size=batch_size,
+                    group_size=group_size,
+                    num_scenarios=scenarios,
+                    on_start=started,
+                    on_rollout=lambda: bar.advance(tasks["rollouts"]),
+                    on_step=stepped,
+                )
+            database = store.database
+            where = database.url.database if database.dialect == "sqlite" else database.display_url
+            return result, await describe_run(store, result.run), where
+
+    result, described, where = run(work)
+    print_rows(
+        [
+            {
+                "step": step["step"],
+                "batch": step["batches"],
+                "groups": step["groups"],
+                "reward_mean": step["reward_mean"],
+                "trainable_groups": step["metrics"].get("num_groups_trainable"),
+                "status": step["status"],
+            }
+            for step in described["steps"]
+        ],
+        OutputFormat.table,
+        title=f"train steps of {result.run}",
+        headers={"reward_mean": "reward mean", "trainable_groups": "groups with reward spread"},
+    )
+    name = result.run
+    url_part = ""
+    if url:  # a password stays out of the output: point at the variable instead
+        url_part = f" --url {shlex.quote(url)}" if redact(url) == url else ' --url "$ARTSTORE_URL"'
+    query = (
+        "SELECT g.batch, r.scorer, avg(r.reward) AS reward, count(*) AS rollouts "
+        f"FROM rewards r JOIN groups g ON g.group_id = r.group_id WHERE g.run = '{name}' "
+        "GROUP BY g.batch, r.scorer ORDER BY g.batch"
+    )
+    console.print(
+        f"\nRecorded run [bold]{name}[/] (model {result.model}) in {where}; "
+        f"checkpoints under {result.art_path}.",
+        highlight=False,
+    )
+    elsewhere = workdir is not None and Path(workdir).absolute() != Path.cwd()
+
+    def backend_hint(command: str) -> str:
+        """A command that uses check_only_backend, which keeps its state under ./.art."""
+        if not elsewhere:
+            return f"{command}{url_part}"
+        store = url_part or f" --url {shlex.quote(str(resolve_url(None).database))}"
+        return f"(cd {shlex.quote(str(workdir))} && {command}{store})"
+
+    hints = [
+        ("the runs in this store", f"artstore runs{url_part}"),
+        ("this run: steps, groups, rewards, failures", f"artstore show {name}{url_part}"),
+        (
+            "what a replay would train",
+            backend_hint(
+                f"artstore replay {name} --dry-run --backend artstore.backends:check_only_backend"
+            ),
+        ),
+        (
+            "score it again with a stricter reward (no agent runs)",
+            f"artstore rescore {name} --reward artstore.demo:strict_reward --scorer strict"
+            f"{url_part}",
+        ),
+        (
+            "train a second model on the new scores",
+            backend_hint(
+                f"artstore replay {name} --scorer strict --model {name}-strict "
+                "--backend artstore.backends:check_only_backend"
+            ),
+        ),
+        ("ask SQL", f'artstore sql{url_part} "{query}"'),
+    ]
+    console.print("\nTry next:", highlight=False)
+    for what, command in hints:
+        console.print(f"  # {what}\n  {command}", highlight=False, markup=False, soft_wrap=True)

@@ -1,0 +1,254 @@
+"""`artstore replay`: train a model on the stored groups of a run it has not consumed."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import redirect_stdout
+from typing import Annotated, Any
+
+import typer
+
+from artstore.cli.app import UrlOption, UsageError, console, fail, run
+from artstore.cli.output import FormatOption, OutputFormat, print_rows, progress
+from artstore.cli.plugins import (
+    PluginError,
+    find_backend,
+    make_backend,
+)
+
+RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run (see `artstore runs`).")]
+
+
+def replay(
+    run_name: RunArgument,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            metavar="MODULE:FACTORY",
+            help="A callable returning an art.Backend, or an art.Backend instance, e.g. "
+            "artstore.backends:check_only_backend. Needed unless --dry-run.",
+            show_default=False,
+        ),
+    ] = None,
+    scorer: Annotated[
+        str | None,
+        typer.Option(help="Train on the rewards of this scorer. Default: the run's scorer."),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="Name of the model to train. Default: the run's own model."),
+    ] = None,
+    project: Annotated[
+        str | None, typer.Option(help="Project of the model. Default: the run's project.")
+    ] = None,
+    base_model: Annotated[
+        str | None,
+        typer.Option("--base-model", help="Base model of the model. Default: the run's."),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print what would be trained (groups, rewards, advantages, "
+            "staleness per step); train and record nothing.",
+        ),
+    ] = False,
+    max_staleness: Annotated[
+        int | None,
+        typer.Option(
+            "--max-staleness",
+            min=0,
+            help="Skip groups generated more than N steps before the step that would train them.",
+        ),
+    ] = None,
+    groups_per_step: Annotated[
+        int | None,
+        typer.Option(
+            "--groups-per-step",
+            min=1,
+            help="Groups per train step. Default: the run's batches, as it trained them.",
+        ),
+    ] = None,
+    learning_rate: Annotated[
+        float | None,
+        typer.Option("--learning-rate", help="Passed to backend.train. Default: the run's."),
+    ] = None,
+    url: UrlOption = None,
+    output: FormatOption = OutputFormat.table,
+) -> None:
+    """Train a model on the groups of RUN it has not consumed yet.
+
+    Consumption is recorded per trained model: groups that trained the run's model can
+    train another one (--model), on another scorer's rewards (--scorer, after `artstore
+    rescore`). Without --model this finishes a run whose trainer stopped.
+    """
+    if backend is None and not dry_run:
+        raise fail(
+            "--backend is needed to train (e.g. --backend artstore.backends:check_only_backend); "
+            "add --dry-run to only see the plan"
+        )
+
+    async def work() -> tuple[Any, bool]:
+        import artstore
+        from artstore.training.replay import replay, run_info
+
+        found = find_backend(backend) if backend is not None else None
+        async with await artstore.open_store(url) as store:
+            info = await run_info(store, run_name)
+            trainable = _trainable_model(info, model, project, base_model)
+            loaded = await make_backend(found, backend) if backend is not None else None
+            if loaded is not None and not dry_run:
+                try:
+                    await trainable.register(loaded)
+                except Exception as exc:
+                    await loaded.close()
+                    raise PluginError(
+                        f"--backend {backend!r}: registering {trainable.project}/"
+                        f"{trainable.name} failed: {type(exc).__name__}: {exc}"
+                    ) from exc
+            try:
+                train_kwargs = dict((info.config or {}).get("train_kwargs") or {})
+                if learning_rate is not None:
+                    train_kwargs["learning_rate"] = learning_rate
+                options: dict[str, Any] = {
+                    "scorer": scorer,
+                    "max_staleness": max_staleness,
+                    "groups_per_step": groups_per_step,
+                    "train_kwargs": train_kwargs,
+                }
+                if dry_run:
+                    # Nothing is registered (a real backend would start its servers): the
+                    # step is the backend's record of it, or else the store's.
+                    options["model_step"] = await _model_step(store, trainable, loaded, backend)
+                    return await replay(store, run_name, trainable, dry_run=True, **options), True
+                # What the backend or ART prints goes to stderr: stdout holds the rows.
+                with progress("training", None) as advance, redirect_stdout(sys.stderr):
+                    plan = await replay(
+                        store,
+                        run_name,
+                        trainable,
+                        on_plan=lambda p: advance.total(len(p.steps)),
+                        on_step=lambda done, total: advance(),
+                        **options,
+                    )
+                return plan, False
+            finally:
+                if loaded is not None:
+                    await loaded.close()
+
+    plan, planned_only = run(work)
+    rows = plan_rows(plan, trained=not planned_only)
+    if output is OutputFormat.table:
+        console.print(_headline(plan, planned_only), highlight=False, soft_wrap=True)
+    print_rows(
+        rows,
+        output,
+        columns=[
+            "train_step",
+            "group",
+            "batch",
+            "scenario_index",
+            "policy_step",
+            "staleness",
+            "rewards",
+            "advantages",
+            "status",
+        ],
+        headers={"train_step": "step", "scenario_index": "scenario", "policy_step": "policy step"},
+        empty="no group to train",
+    )
+    if output is OutputFormat.table and not planned_only and plan.trained_steps:
+        console.print(
+            f"{plan.model} is at step {plan.trained_steps[-1]} "
+            f"(trained {len(plan.trained_steps)} steps on {len(plan.groups)} groups)",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+async def _model_step(store: Any, trainable: Any, loaded: Any, spec: str | None) -> int:
+    from artstore.training.replay import stored_model_step
+
+    if loaded is None:
+        return await stored_model_step(store, f"{trainable.project}/{trainable.name}")
+    try:
+        return int(await loaded._get_step(trainable))
+    except Exception as exc:
+        raise PluginError(
+            f"--backend {spec!r}: reading the step of {trainable.project}/{trainable.name} "
+            f"failed: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def _trainable_model(
+    info: Any, name: str | None, project: str | None, base_model: str | None
+) -> Any:
+    import art
+
+    base = base_model or info.base_model
+    if not base:
+        raise UsageError(f"run {info.run!r} names no base model: give --base-model")
+    return art.TrainableModel(
+        name=name or info.model, project=project or info.project, base_model=base
+    )
+
+
+def plan_rows(plan: Any, *, trained: bool) -> list[dict[str, Any]]:
+    """One row per group of the plan: trained or planned, skipped as stale, or unscored."""
+    rows = []
+    for group in plan.groups:
+        rows.append(
+            {
+                **_group_row(plan, group),
+                "train_step": plan.model_step + group.step + 1,
+                "status": "trained" if trained else "planned",
+            }
+        )
+    for group in plan.skipped_stale:
+        rows.append({**_group_row(plan, group), "train_step": None, "status": "skipped: stale"})
+    for group_id in plan.unscored:
+        rows.append(
+            {
+                "group": group_id[:8],
+                "group_id": group_id,
+                "model": plan.model,
+                "scorer": plan.scorer,
+                "train_step": None,
+                "status": f"skipped: no {plan.scorer!r} rewards",
+            }
+        )
+    return rows
+
+
+def _group_row(plan: Any, group: Any) -> dict[str, Any]:
+    return {
+        "group": group.group_id[:8],
+        "group_id": group.group_id,
+        "model": plan.model,
+        "scorer": plan.scorer,
+        "batch": group.batch,
+        "scenario_index": group.scenario_index,
+        "policy_step": group.policy_step,
+        "staleness": group.staleness,
+        "rewards": group.rewards,
+        "advantages": group.advantages,
+    }
+
+
+def _headline(plan: Any, planned_only: bool) -> str:
+    steps, groups = len(plan.steps), len(plan.groups)
+    verb = "would train" if planned_only else "trained"
+    parts = [
+        f"run {plan.run} → {plan.model} (at step {plan.model_step}), scorer {plan.scorer!r}: "
+        f"{verb} {groups} groups in {steps} steps"
+    ]
+    if plan.consumed:
+        parts.append(f"{plan.consumed} consumed before")
+    if plan.skipped_stale:
+        parts.append(f"{len(plan.skipped_stale)} too stale")
+    if plan.unscored:
+        parts.append(f"{len(plan.unscored)} without {plan.scorer!r} rewards")
+    if planned_only:
+        parts.append("dry run: nothing trained or recorded")
+    return "; ".join(parts)

@@ -1,0 +1,117 @@
+"""`artstore rescore`: new rewards for a run's stored groups, without running any agent."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import redirect_stdout
+from typing import Annotated, Any
+
+import typer
+
+from artstore.cli.app import UrlOption, console, run
+from artstore.cli.output import FormatOption, OutputFormat, print_rows, progress
+from artstore.cli.plugins import load_reward_function
+
+
+def rescore(
+    run_name: Annotated[str, typer.Argument(metavar="RUN", help="The run (see `artstore runs`).")],
+    reward: Annotated[
+        str,
+        typer.Option(
+            "--reward",
+            metavar="MODULE:FUNCTION",
+            help="The reward function, called as during the run: (scenario, results, "
+            "trajectories) -> rewards, sync or async. E.g. my_rewards:score, or "
+            "artstore.training.ruler:ruler for ART's RULER judge.",
+            show_default=False,
+        ),
+    ],
+    scorer: Annotated[
+        str,
+        typer.Option(
+            help="Name the new rewards are recorded under (train on them with "
+            "`artstore replay --scorer NAME`).",
+            show_default=False,
+        ),
+    ],
+    group: Annotated[
+        list[str] | None,
+        typer.Option("--group", metavar="GROUP_ID", help="Only this group (repeatable)."),
+    ] = None,
+    only_missing: Annotated[
+        bool,
+        typer.Option(
+            "--only-missing", help="Skip groups this scorer has scored (finish a stopped run)."
+        ),
+    ] = False,
+    concurrency: Annotated[
+        int, typer.Option(min=1, help="Groups scored at once (an LLM judge may want fewer).")
+    ] = 8,
+    url: UrlOption = None,
+    output: FormatOption = OutputFormat.table,
+) -> None:
+    """Score the groups of RUN again with a new reward function, recorded as SCORER.
+
+    The function gets the stored scenario, the agents' stored results and the projected
+    trajectories; no agent runs. The rewards are appended: earlier scores stay, and a
+    failure keeps the groups scored before it.
+    """
+
+    async def work() -> list[dict[str, Any]]:
+        import artstore
+        from artstore.training.overview import describe_run
+        from artstore.training.replay import run_info
+        from artstore.training.rescore import rescore as rescore_run
+
+        function = load_reward_function(reward)
+        async with await artstore.open_store(url) as store:
+            info = await run_info(store, run_name)
+            # What reward functions print (RULER warns on stdout) goes to stderr, so that
+            # stdout holds only the rows (`--format json` stays parseable).
+            with progress(f"scoring as {scorer}") as advance, redirect_stdout(sys.stderr):
+                scored = await rescore_run(
+                    store,
+                    run_name,
+                    function,
+                    scorer,
+                    group_ids=group,
+                    concurrency=concurrency,
+                    only_missing=only_missing,
+                    on_start=advance.total,
+                    on_group=lambda _: advance(),
+                )
+            groups = (await describe_run(store, run_name))["groups"]
+        chosen = set(scored)
+        return [
+            {
+                "group": g["group_id"][:8],
+                "group_id": g["group_id"],
+                "batch": g["batch"],
+                "scenario_index": g["scenario_index"],
+                "scorer": scorer,
+                "reward_mean": g["rewards"].get(scorer),
+                "run_scorer": info.scorer,
+                "run_reward_mean": g["rewards"].get(info.scorer),
+            }
+            for g in groups
+            if g["group_id"] in chosen
+        ]
+
+    rows = run(work)
+    print_rows(
+        rows,
+        output,
+        columns=["group", "batch", "scenario_index", "reward_mean", "run_reward_mean"],
+        headers={
+            "scenario_index": "scenario",
+            "reward_mean": f"{scorer} mean",
+            "run_reward_mean": f"{rows[0]['run_scorer']} mean" if rows else "run scorer mean",
+        },
+        empty="no group to score",
+    )
+    if output is OutputFormat.table:
+        console.print(
+            f"re-scored {len(rows)} groups of {run_name} as {scorer!r}; train on them with "
+            f"`artstore replay {run_name} --scorer {scorer} --model NEW_NAME --backend ...`",
+            highlight=False,
+        )

@@ -1,0 +1,116 @@
+"""Running the demo: a new run each time (demo-1, demo-2, ...) on the chosen store."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+
+from artstore.schema import tables as t
+
+if TYPE_CHECKING:
+    from artstore.store import Store
+
+PROJECT = "artstore-demo"
+BASE_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # a name only: nothing is downloaded
+
+
+@dataclass
+class DemoResult:
+    run: str
+    model: str  # "project/name"
+    art_path: str  # where CheckOnlyBackend keeps the model's checkpoints
+    steps: list[int] = field(default_factory=list)
+    rollouts: int = 0
+
+
+async def next_run_name(store: Store, art_path: Path) -> str:
+    """`demo-N` for the first N whose run and checkpoints do not exist yet."""
+    async with store.database.read() as connection:
+        names = {
+            row.run
+            for row in await connection.execute(
+                select(t.runs.c.run).where(t.runs.c.run.like("demo-%"))
+            )
+        }
+    taken = [int(m.group(1)) for n in names if (m := re.fullmatch(r"demo-(\d+)", n))]
+    number = max(taken, default=0) + 1
+    while (art_path / PROJECT / "models" / f"demo-{number}").exists():
+        number += 1
+    return f"demo-{number}"
+
+
+async def run_demo(
+    store: Store,
+    *,
+    workdir: str | os.PathLike[str] | None = None,
+    epochs: int = 2,
+    batch_size: int = 2,
+    group_size: int = 4,
+    num_scenarios: int = 4,
+    on_start: Callable[[str, int, int], None] | None = None,
+    on_rollout: Callable[[], None] | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> DemoResult:
+    """Train a new demo run into `store`; the backend's state goes to `<workdir>/.art`.
+
+    `on_start(run, rollouts, steps)` is called with the totals, `on_rollout()` after each
+    rollout, `on_step(step)` after each train step.
+    """
+    import art
+
+    from artstore.backends import CheckOnlyBackend
+    from artstore.demo.task import agent, demo_policy, make_scenarios, reward
+    from artstore.testing.inference_server import LocalInferenceServer
+    from artstore.training import TrainingConfig, TrainingFramework
+
+    art_path = Path(workdir or Path.cwd()).absolute() / ".art"
+    run = await next_run_name(store, art_path)
+    scenarios = make_scenarios(num_scenarios)
+    config = TrainingConfig(
+        epochs=epochs, batch_size=batch_size, group_size=group_size, validation_samples=0
+    )
+    if on_start is not None:
+        steps = epochs * -(-num_scenarios // batch_size)
+        on_start(run, epochs * num_scenarios * group_size, steps)
+
+    class Backend(CheckOnlyBackend):
+        async def train(self, model: Any, groups: Any, **kwargs: Any) -> Any:
+            result = await super().train(model, groups, **kwargs)
+            if on_step is not None:
+                on_step(result.step)
+            return result
+
+    async def counted_agent(scenario: Any, thread_id: str) -> Any:
+        result = await agent(scenario, thread_id)
+        if on_rollout is not None:
+            on_rollout()
+        return result
+
+    async with LocalInferenceServer(policy=demo_policy) as server:
+        backend = Backend(
+            path=art_path, inference_base_url=server.base_url, inference_api_key=server.api_key
+        )
+        model = art.TrainableModel(name=run, project=PROJECT, base_model=BASE_MODEL)
+        await model.register(backend)
+        summary = await TrainingFramework(store).run_training(
+            model=model,
+            scenarios=scenarios,
+            agent_function=counted_agent,
+            reward_function=reward,
+            config=config,
+            run=run,
+        )
+        await backend.close()
+    return DemoResult(
+        run=run,
+        model=f"{PROJECT}/{run}",
+        art_path=str(art_path),
+        steps=summary.steps_trained,
+        rollouts=epochs * num_scenarios * group_size,
+    )

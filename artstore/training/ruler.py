@@ -1,0 +1,100 @@
+"""ART's RULER (an LLM judge that ranks a group's trajectories) as an artstore scorer.
+
+    from artstore.training.ruler import ruler_reward
+
+    judge = ruler_reward(judge_model="openai/o4-mini")
+    await store.rescore("my-run", judge, scorer="ruler")
+    await store.replay("my-run", model, scorer="ruler")
+
+or, from the command line, with a module of your own that holds `judge` (or the
+ready-made `artstore.training.ruler:ruler`, configured by environment variables):
+
+    artstore rescore my-run --reward my_rewards:judge --scorer ruler
+
+`ruler_reward(...)` returns a seed-style reward function `(scenario, results,
+trajectories) -> rewards` that calls `art.rewards.ruler_score_group` on the group's
+trajectories. What ART's RULER returns is a new group that keeps only the trajectories'
+messages, tools, rewards, metrics, metadata and logs: the group's metadata, metrics,
+logs and exceptions and the trajectories' policy versions and start times are dropped.
+None of that is lost here: the reward function hands back only the scores, appended as a
+new `rewards.recorded` event under the scorer's name, and everything else stays in the
+rollouts' own events, from which the trajectories are projected whenever they are
+trained. RULER's `ruler_score` and `independent_reward` (the reward of the run's scorer)
+are recorded as reward metrics. Its explanations (free text) are not recorded: reward
+metrics are numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from artstore.errors import RewardFunctionError
+from artstore.training.rescore import RewardFunction, Rewards
+
+JUDGE_MODEL_ENV = "ARTSTORE_RULER_JUDGE_MODEL"
+DEFAULT_JUDGE_MODEL = "openai/o3"  # ART's own default
+
+#: Metrics RULER sets on each trajectory; recorded beside the new rewards.
+RULER_METRICS = ("ruler_score", "independent_reward")
+
+
+def ruler_reward(
+    judge_model: str | None = None,
+    extra_litellm_params: dict[str, Any] | None = None,
+    rubric: str | None = None,
+    *,
+    debug: bool = False,
+) -> RewardFunction:
+    """A reward function that scores a group with ART's RULER.
+
+    Args:
+        judge_model: LiteLLM model name of the judge, e.g. "openai/o4-mini" (default:
+            `$ARTSTORE_RULER_JUDGE_MODEL`, then ART's default "openai/o3"), read when the
+            function is called.
+        extra_litellm_params: passed to LiteLLM (`api_base`, `api_key`, `temperature`...).
+            Without them LiteLLM reads its usual environment variables
+            (`OPENAI_API_KEY`, `OPENAI_BASE_URL`...).
+        rubric: the grading rubric (default: RULER's own `DEFAULT_RUBRIC`).
+        debug: print the judge's reasoning (RULER's `debug`).
+
+    A judge that fails (network, malformed answer) makes the group's scoring fail with a
+    RewardFunctionError naming the group: RULER's `swallow_exceptions` is not used, since
+    a group without scores cannot be recorded.
+    """
+
+    async def ruler(scenario: Any, results: list[Any], trajectories: list[Any]) -> Rewards:
+        import art
+        from art.rewards import ruler_score_group
+        from art.rewards.ruler import DEFAULT_RUBRIC
+
+        if not trajectories:
+            return Rewards([])
+        model = judge_model or os.environ.get(JUDGE_MODEL_ENV) or DEFAULT_JUDGE_MODEL
+        scored = await ruler_score_group(
+            art.TrajectoryGroup(trajectories),
+            judge_model=model,
+            extra_litellm_params=extra_litellm_params,
+            rubric=rubric or DEFAULT_RUBRIC,
+            swallow_exceptions=False,
+            debug=debug,
+        )
+        if scored is None or len(scored.trajectories) != len(trajectories):
+            raise RewardFunctionError(
+                f"RULER ({model}) returned no scores for a group of {len(trajectories)}"
+            )
+        return Rewards(
+            [float(t.reward) for t in scored.trajectories],
+            metrics=[
+                {k: t.metrics[k] for k in RULER_METRICS if k in t.metrics}
+                for t in scored.trajectories
+            ],
+        )
+
+    ruler.__qualname__ = ruler.__name__ = "ruler"
+    return ruler
+
+
+#: RULER with the judge of `$ARTSTORE_RULER_JUDGE_MODEL` (default "openai/o3") and
+#: LiteLLM's own environment variables: `--reward artstore.training.ruler:ruler`.
+ruler = ruler_reward()

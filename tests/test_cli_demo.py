@@ -1,0 +1,87 @@
+"""`artstore demo`: a whole training run offline, twice in a row, then what it suggests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import time
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import pytest
+from trained_run import cli
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("ARTSTORE_URL", raising=False)
+
+
+def suggested_commands(output: str) -> list[list[str]]:
+    """The `artstore ...` lines the demo prints under "Try next:"."""
+    hints = output.split("Try next:", 1)[1]
+    return [shlex.split(line)[1:] for line in hints.splitlines() if line.startswith("  artstore ")]
+
+
+def test_demo_runs_twice_on_the_default_sqlite_store_and_its_suggestions_work(tmp_path):
+    clock = time.monotonic()
+    first = subprocess.run(
+        ["artstore", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    elapsed = time.monotonic() - clock
+    second = cli("demo")
+
+    assert first.returncode == 0, first.stderr
+    assert elapsed < 60  # about 10 s here; the budget is generous for a loaded machine
+    assert "Recorded run demo-1" in first.stdout
+    assert second.exit_code == 0, second.output
+    assert "Recorded run demo-2" in second.stdout  # a new run each time
+    assert (tmp_path / ".artstore" / "artstore.db").is_file()
+    assert (tmp_path / ".art" / "artstore-demo" / "models" / "demo-2" / "checkpoints").is_dir()
+
+    runs = {run["run"]: run for run in json.loads(cli("runs", "--format", "json").stdout)}
+    assert set(runs) == {"demo-1", "demo-2"}
+    for run in runs.values():
+        assert run["status"] == "finished" and run["steps"] == 4
+        assert run["groups_sealed"] == run["groups_consumed"] == 8
+        assert run["rollouts_finished"] == 32 and run["rollouts_failed"] == 0
+
+    # Every command it suggests works, in order: show, dry run, rescore, replay, sql.
+    commands = suggested_commands(second.stdout)
+    assert [c[0] for c in commands] == ["runs", "show", "replay", "rescore", "replay", "sql"]
+    results = [cli(*command) for command in commands]
+    for command, result in zip(commands, results, strict=True):
+        assert result.exit_code == 0, (command, result.output)
+    dry_run, replayed, query = results[2], results[4], results[5]
+    assert "would train 0 groups" in dry_run.stdout  # the run's model consumed them all
+    assert "artstore-demo/demo-2-strict is at step 4 (trained 4 steps on 8 groups)" in (
+        replayed.stdout
+    )
+    assert "strict" in query.stdout and "reward" in query.stdout
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+def test_demo_on_postgresql(database_url, tmp_path):
+    result = cli("demo", "--url", database_url, "--workdir", tmp_path / "work")
+    shown = cli("show", "demo-1", "--section", "steps", "--format", "json", "--url", database_url)
+
+    assert result.exit_code == 0, result.output
+    assert "Recorded run demo-1" in result.stdout
+    assert f"--url {database_url}" in result.stdout
+    assert (tmp_path / "work" / ".art" / "artstore-demo" / "models" / "demo-1").is_dir()
+    assert not (tmp_path / ".artstore").exists()  # nothing written to the default store
+    steps = json.loads(shown.stdout)
+    assert [(s["step_before"], s["step"], s["status"]) for s in steps] == [
+        (0, 1, "completed"),
+        (1, 2, "completed"),
+        (2, 3, "completed"),
+        (3, 4, "completed"),
+    ]
