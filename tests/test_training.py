@@ -141,6 +141,7 @@ async def test_full_run_records_everything_and_resumes_with_more_epochs(
         (3, 4, "completed", 1),
     ]
     assert all(s.pushed_to and s.checkpoint for s in steps)
+    assert all(Path(s.pushed_to).is_dir() and "/models/" in s.pushed_to for s in steps)
     assert all(s.metrics["num_groups"] == s.num_groups for s in steps)
     consumed = await rows(store, t.group_consumptions)
     assert sorted((c.step, batch_of[c.group_id]) for c in consumed) == [

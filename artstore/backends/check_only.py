@@ -572,6 +572,19 @@ class CheckOnlyBackend:
 
     # -- "S3" -----------------------------------------------------------------------------
 
+    def push_destination(
+        self, model: Model, *, s3_bucket: str | None = None, prefix: str | None = None
+    ) -> Path | None:
+        """Where `_experimental_push_to_s3` copies the model (None without `push_dir`)."""
+        if self.push_dir is None:
+            return None
+        destination = self.push_dir
+        if s3_bucket:
+            destination /= s3_bucket
+        if prefix and prefix.strip("/"):
+            destination /= prefix.strip("/")
+        return destination / model.project / "models" / model.name
+
     async def _experimental_push_to_s3(
         self,
         model: Model,
@@ -598,12 +611,7 @@ class CheckOnlyBackend:
         source = self.model_dir(model)
         if not source.exists():
             raise FileNotFoundError(f"Local model directory {source} does not exist.")
-        destination = self.push_dir
-        if s3_bucket:
-            destination /= s3_bucket
-        if prefix and prefix.strip("/"):
-            destination /= prefix.strip("/")
-        destination = destination / model.project / "models" / model.name
+        destination = self.push_destination(model, s3_bucket=s3_bucket, prefix=prefix)
         await asyncio.to_thread(_sync_dirs, source, destination, delete)
         if verbose:
             print(f"[CheckOnlyBackend] pushed {source} to {destination}")

@@ -105,9 +105,8 @@ def demo(
     if url:  # a password stays out of the output: point at the variable instead
         url_part = f" --url {shlex.quote(url)}" if redact(url) == url else ' --url "$ARTSTORE_URL"'
     query = (
-        "SELECT g.batch, r.scorer, avg(r.reward) AS reward, count(*) AS rollouts "
-        f"FROM rewards r JOIN groups g ON g.group_id = r.group_id WHERE g.run = '{name}' "
-        "GROUP BY g.batch, r.scorer ORDER BY g.batch"
+        "SELECT model, step, reward_mean, num_groups, duration_s FROM v_train_steps "
+        f"WHERE run = '{name}' ORDER BY model, step"
     )
     console.print(
         f"\nRecorded run [bold]{name}[/] (model {result.model}) in {where}; "
