@@ -46,6 +46,10 @@ NO_STREAM = 0  # expected_version: the stream must not exist yet
 
 MAX_APPENDS_PER_TRANSACTION = 1000
 MAX_EVENTS_PER_TRANSACTION = 5000
+# SQLite's planner needs statistics to plan the analysis views well (without them one
+# view took seconds on a 10,000-rollout run instead of milliseconds): refresh them now
+# and then, and when a store that wrote closes. PostgreSQL's autovacuum does this itself.
+STATISTICS_EVERY = 2000
 
 
 @dataclass(frozen=True)
@@ -230,6 +234,8 @@ class EventStore:
             # fast transaction rolled back whole; take the batch apart in a second one.
             await self._transaction(one_by_one)
         self.transactions += 1
+        if self.transactions % STATISTICS_EVERY == 0:
+            await self._refresh_statistics()
         for item in batch:  # committed: remember what now exists
             if item.result is not None:
                 self._remember_head(item.stream_id, item.result.version)
@@ -416,6 +422,14 @@ class EventStore:
 
     # --- lifecycle ----------------------------------------------------------------------
 
+    async def _refresh_statistics(self) -> None:
+        if self.dialect != "sqlite" or self._connection is None:
+            return
+        with contextlib.suppress(Exception):  # statistics help; they must never cost a write
+            async with self._connection.begin():
+                await self._connection.exec_driver_sql("PRAGMA analysis_limit=1000")
+                await self._connection.exec_driver_sql("ANALYZE")
+
     async def close(self) -> None:
         """Write everything queued, then release every connection."""
         if self._closed:
@@ -423,6 +437,8 @@ class EventStore:
         self._closed = True
         try:
             await self.flush()
+            if self.transactions:
+                await self._refresh_statistics()
         finally:
             if self._writer is not None:
                 self._writer.cancel()

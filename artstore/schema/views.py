@@ -464,13 +464,9 @@ def _v_rollouts() -> Select:
         .group_by(c.c.rollout_id)
         .subquery("call_totals")
     )
-    reward = (
-        select(r.c.reward)
-        .where(r.c.rollout_id == ro.c.rollout_id, r.c.scorer == ru.c.scorer)
-        .order_by(r.c.id.desc())
-        .limit(1)
-        .scalar_subquery()
-    )
+    # The latest reward by the run's scorer, joined once (a correlated subquery would run
+    # again for every use of the column in a query).
+    latest = select(r.c.rollout_id, r.c.scorer, r.c.reward).where(_latest(r)).subquery("latest")
     return select(
         ro.c.rollout_id,
         ro.c.run,
@@ -489,7 +485,7 @@ def _v_rollouts() -> Select:
         func.coalesce(calls.c.num_tool_calls, 0).label("num_tool_calls"),
         calls.c.llm_latency_s,
         ru.c.scorer,
-        reward.label("reward"),
+        latest.c.reward,
         utc_text(ro.c.started_at).label("started_at"),
         utc_text(ro.c.finished_at).label("finished_at"),
         ro.c.duration_s,
@@ -497,8 +493,10 @@ def _v_rollouts() -> Select:
         json_or_null(ro.c.scenario).label("scenario"),
         json_or_null(ro.c.result).label("result"),
     ).select_from(
-        ro.outerjoin(ru, ru.c.run == ro.c.run).outerjoin(
-            calls, calls.c.rollout_id == ro.c.rollout_id
+        ro.outerjoin(ru, ru.c.run == ro.c.run)
+        .outerjoin(calls, calls.c.rollout_id == ro.c.rollout_id)
+        .outerjoin(
+            latest, (latest.c.rollout_id == ro.c.rollout_id) & (latest.c.scorer == ru.c.scorer)
         )
     )
 

@@ -1,0 +1,919 @@
+"""Analysis queries through artstore's SQL views, against DuckDB and polars on ART's parquet.
+
+The issue's question: how long do "reward per step" and "tokens per step" take through the
+views, next to DuckDB or polars reading the same run from ART's own parquet files? One run
+of this script generates the data, checks that every engine returns the same numbers, and
+prints one table of timings with the ratios.
+
+The data: one training run recorded through the real API (`artstore.open_store(url)` and
+`store.append_nowait`, queued in bulk so that the store's group commit writes few large
+transactions), by default 10,000 rollouts = 50 train steps x 25 groups x 8 rollouts:
+
+- each rollout: `rollout.started` (policy step = the train step it is trained at),
+  three `llm.call` events (tool call, tool call, answer; small messages stored as
+  content-addressed blobs as the capture layer stores them, a few logprobs, token counts,
+  latency) and `rollout.finished`, whose trajectory metrics carry the rollout's own token
+  totals (`num_llm_calls`, `prompt_tokens`, `completion_tokens`, `llm_latency_s`), so that
+  ART's parquet can answer the tokens question from what it stores;
+- each group: `rewards.recorded` (scorer `correct`) and `group.sealed`;
+- each train step: `train_step.started` and `train_step.completed` (step s -> s + 1).
+
+The same event objects are appended to a SQLite file and to a fresh PostgreSQL database
+(`bench_queries_*`, dropped at the end); PostgreSQL is then ANALYZEd (autovacuum would do
+it soon after a real run); SQLite is left as artstore leaves it, without ANALYZE, unless
+`--sqlite-analyze`. The run is exported from the first database by
+`artstore.exchange.export_parquet` (what `artstore export RUN OUT --format parquet` runs),
+which writes ART's layout with ART's own writer: `trajectories/train/<step:04d>.parquet`,
+file N holding the groups of the train step that ended at step N (what `model.log`
+writes), one row per trajectory, ART's columns. Generating and exporting take most of the
+run (about 4 to 5 minutes on 2 busy CPUs for both databases); they are printed, not
+compared.
+
+The questions and what each engine computes:
+
+1. `reward curve`: per policy step, the number of rewarded policy rollouts and their mean,
+   min and max reward. artstore: `tools/queries/reward_curve.sql` over `v_rollouts`
+   (a rollout's latest reward by the run's scorer). Parquet: count, avg, min, max of the
+   `reward` column per file, policy step = file number - 1 (here every group is trained at
+   the step its rollouts ran at, so the two numberings agree).
+2. `train-step reward`: per completed train step, the number of trajectories it trained
+   and their mean reward, from `v_train_steps` (`SELECT step, num_trajectories,
+   reward_mean FROM v_train_steps WHERE status = 'completed' ORDER BY step`). Parquet:
+   count and avg of `reward` per file, step = file number.
+3. `tokens per step`: `tools/queries/tokens_per_step.sql` over `v_llm_calls`: per policy
+   step, LLM calls, rollouts, prompt, completion and total tokens, tokens per rollout,
+   mean call latency. Parquet: the same from each trajectory's `metrics` JSON text
+   (sum of `num_llm_calls`, count of rows, sums of the token counts, total / rows, and
+   sum of `llm_latency_s` / sum of `num_llm_calls`).
+
+Every engine's rows must equal the first engine's (integers exactly, floats to a relative
+1e-9), or the script fails. The engines, each timed on every question:
+
+- `artstore sqlite` / `artstore postgresql`: `artstore.analysis.query(store, sql)`, the
+  public path (`artstore sql` runs it): text check, a fresh read-only connection per
+  query, values made plain;
+- `sqlite3` / `psycopg`: the same SQL text on one connection kept open, `fetchall()`: the
+  database's own time for the views, without artstore around it;
+- `duckdb parquet`: `read_parquet('<out>/trajectories/train/*.parquet', filename = true)`
+  on one in-memory connection (files are read again by every query);
+- `polars parquet`: `pl.scan_parquet(..., include_file_paths=...)`, lazy, `collect()`.
+
+Timing: each engine runs each question once untimed-for-the-median ("first", the first
+query of that engine in this process; the files are in the OS cache, having just been
+written), then `--repeat` rounds (7 by default), engines interleaved and their order
+rotated every round; the table shows the median of the rounds in milliseconds and the
+ratio to `artstore sqlite` and to `duckdb parquet` (x 3.0 = three times as long).
+
+Run it from the repository root:
+
+    python tools/bench_queries.py                  # 10,000 rollouts, SQLite and PostgreSQL
+    python tools/bench_queries.py --quick          # 1,000 rollouts, 3 rounds: a smoke run
+    python tools/bench_queries.py --databases sqlite --rollouts 20000 --repeat 11
+    python tools/bench_queries.py --sqlite-analyze # with SQLite's planner statistics
+    python tools/bench_queries.py --keep           # keep the databases and files, print where
+
+PostgreSQL comes from `--postgres-url`, else `$ARTSTORE_BENCH_POSTGRES_URL`, else
+`postgresql://postgres@127.0.0.1:5432/test`; the user must be allowed to create databases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import random
+import secrets
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before `art` is imported
+
+import duckdb
+import polars as pl
+import psycopg
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy.engine import make_url
+
+import artstore
+from artstore.analysis import query
+from artstore.capture import messages as lc
+from artstore.events import (
+    Event,
+    GroupSealed,
+    LLMCall,
+    RewardsRecorded,
+    RolloutFinished,
+    RolloutStarted,
+    RunFinished,
+    RunStarted,
+    TrainStepCompleted,
+    TrainStepStarted,
+)
+from artstore.eventstore import blob_hash
+from artstore.eventstore.blobs import canonical_json
+from artstore.exchange import export_parquet
+from artstore.training.groups import group_id_for
+
+DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
+DATABASES = ("sqlite", "postgresql")
+QUERIES = Path(__file__).parent / "queries"
+
+PROJECT = "bench"
+RUN = "bench/agent-001"
+MODEL = "bench/agent-001"
+SCORER = "correct"
+GROUPS_PER_STEP = 25
+GROUP_SIZE = 8
+CALLS_PER_ROLLOUT = 3
+ROLLOUTS_PER_STEP = GROUPS_PER_STEP * GROUP_SIZE
+BASE = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+REL_TOL = 1e-9
+
+SYSTEM = SystemMessage("You answer arithmetic questions. Use the tools.")
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"the {name} tool",
+            "parameters": {"type": "object", "properties": {arg: {"type": "string"}}},
+        },
+    }
+    for name, arg in (("search", "q"), ("calculator", "expr"))
+]
+SCENARIOS = [
+    {"question": f"What is {a} + {a * 7 % 13}?", "answer": str(a + a * 7 % 13)}
+    for a in range(GROUPS_PER_STEP)
+]
+
+
+# --- the generated run --------------------------------------------------------------------
+
+
+@dataclass
+class Append:
+    stream: str
+    events: list[Event]
+    blobs: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """The appends of one generated run, in order, and its size."""
+
+    steps: int
+    appends: list[Append]
+
+    @property
+    def rollouts(self) -> int:
+        return self.steps * ROLLOUTS_PER_STEP
+
+    @property
+    def events(self) -> int:
+        return sum(len(a.events) for a in self.appends)
+
+
+def _blob(body: str, blobs: dict[str, str]) -> str:
+    digest = blob_hash(body)
+    blobs[digest] = body
+    return digest
+
+
+def _ai_message(
+    rng: random.Random, turn: int, scenario: dict[str, str], prompt: int, completion: int
+) -> AIMessage:
+    """Turn 0 asks the calculator, turn 1 searches, the last turn answers."""
+    last = turn == CALLS_PER_ROLLOUT - 1
+    tool_calls = (
+        []
+        if last
+        else [
+            {
+                "name": "calculator" if turn == 0 else "search",
+                "args": {"expr": scenario["question"][8:-1]} if turn == 0 else {"q": "sum"},
+                "id": f"call_{uuid.UUID(int=rng.getrandbits(128)).hex[:12]}",
+                "type": "tool_call",
+            }
+        ]
+    )
+    content = scenario["answer"] if last and rng.random() < 0.7 else ("" if not last else "7")
+    tokens = [*(content or "call").split(), "<eos>"]
+    return AIMessage(
+        content=content,
+        tool_calls=tool_calls,
+        response_metadata={
+            "finish_reason": "stop" if last else "tool_calls",
+            "model_name": MODEL,
+            "logprobs": {
+                "content": [
+                    {
+                        "token": tok,
+                        "logprob": -0.125,
+                        "bytes": list(tok.encode()),
+                        "top_logprobs": [],
+                    }
+                    for tok in tokens
+                ]
+            },
+        },
+        usage_metadata={
+            "input_tokens": prompt,
+            "output_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+    )
+
+
+def _rollout_append(
+    rng: random.Random, step: int, group: int, index: int, group_id: str, tools: str
+) -> Append:
+    """The events the capture layer writes for one rollout (here in one append)."""
+    rollout_id = str(uuid.UUID(int=rng.getrandbits(128)))
+    scenario = SCENARIOS[group]
+    started = BASE + timedelta(seconds=step * 600 + group * 10 + index * 0.125)
+    blobs: dict[str, str] = {}
+    events: list[Event] = [
+        RolloutStarted(
+            rollout_id=rollout_id,
+            run=RUN,
+            group_id=group_id,
+            scenario=scenario,
+            scenario_index=group,
+            model=MODEL,
+            policy_step=step,
+            started_at=started,
+        )
+    ]
+    history: list[BaseMessage] = [SYSTEM, HumanMessage(scenario["question"])]
+    at = 0.0
+    totals = {"prompt": 0, "completion": 0, "latency": 0.0}
+    for turn in range(CALLS_PER_ROLLOUT):
+        prompt = 120 + 45 * turn + rng.randrange(40)
+        completion = rng.randrange(5, 90)
+        latency = round(rng.uniform(0.2, 2.5), 6)
+        output = _ai_message(rng, turn, scenario, prompt, completion)
+        events.append(
+            LLMCall(
+                call_id=str(uuid.UUID(int=rng.getrandbits(128))),
+                index=turn,
+                input=[_blob(lc.dump_message(m), blobs) for m in history],
+                output=_blob(lc.dump_message(output), blobs),
+                tools=tools,
+                model=MODEL,
+                prompt_tokens=prompt,
+                completion_tokens=completion,
+                latency_s=latency,
+                finish_reason=output.response_metadata["finish_reason"],
+                tool_calls=lc.tool_calls_of(output),
+                num_logprobs=lc.count_logprobs(output),
+                started_at=started + timedelta(seconds=at),
+            )
+        )
+        at += latency + 0.25
+        totals["prompt"] += prompt
+        totals["completion"] += completion
+        totals["latency"] += latency
+        history.append(output)
+        history.extend(
+            ToolMessage(f"result of {call['name']}: 42", tool_call_id=call["id"])
+            for call in output.tool_calls
+        )
+    events.append(
+        RolloutFinished(
+            rollout_id=rollout_id,
+            result={"answer": history[-1].content},
+            duration_s=at,
+            metrics={
+                "num_llm_calls": CALLS_PER_ROLLOUT,
+                "prompt_tokens": totals["prompt"],
+                "completion_tokens": totals["completion"],
+                "llm_latency_s": totals["latency"],
+            },
+        )
+    )
+    return Append(f"rollout-{rollout_id}", events, blobs)
+
+
+def plan_run(steps: int, seed: int) -> Plan:
+    """Every append of the run: steps x 25 groups x 8 policy rollouts, rewarded and trained."""
+    rng = random.Random(seed)
+    tools_blobs: dict[str, str] = {}
+    tools = _blob(canonical_json(TOOLS), tools_blobs)
+    appends = [
+        Append(
+            f"run-{RUN}",
+            [
+                RunStarted(
+                    run=RUN,
+                    project=PROJECT,
+                    model=MODEL,
+                    base_model="Qwen/Qwen2.5-0.5B-Instruct",
+                    config={"groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE},
+                    scenarios=SCENARIOS,
+                    scorer=SCORER,
+                    trainer="bench-host:1",
+                )
+            ],
+        )
+    ]
+    for step in range(steps):
+        group_ids = []
+        for group in range(GROUPS_PER_STEP):
+            group_id = group_id_for(RUN, step, group)
+            group_ids.append(group_id)
+            rollouts = [
+                _rollout_append(rng, step, group, index, group_id, tools)
+                for index in range(GROUP_SIZE)
+            ]
+            if step == 0 and group == 0:
+                rollouts[0].blobs.update(tools_blobs)
+            appends.extend(rollouts)
+            ids = [a.stream.removeprefix("rollout-") for a in rollouts]
+            # Rewards improve with the steps, spread within a group, clipped to [0, 1].
+            centre = 0.2 + 0.6 * step / max(steps - 1, 1)
+            rewards = {rid: min(1.0, max(0.0, rng.gauss(centre, 0.25))) for rid in ids}
+            appends.append(
+                Append(
+                    f"group-{group_id}",
+                    [
+                        RewardsRecorded(group_id=group_id, scorer=SCORER, rewards=rewards),
+                        GroupSealed(
+                            group_id=group_id,
+                            run=RUN,
+                            epoch=step,
+                            batch=step,
+                            scenario_index=group,
+                            rollout_ids=ids,
+                        ),
+                    ],
+                )
+            )
+        train = dict(run=RUN, model=MODEL, group_ids=group_ids, scorer=SCORER)
+        appends.append(
+            Append(
+                f"train-{RUN}",
+                [
+                    TrainStepStarted(step=step, trainer="bench-host:1", **train),
+                    TrainStepCompleted(
+                        step=step + 1,
+                        metrics={"loss": rng.uniform(0.1, 1.0)},
+                        duration_s=rng.uniform(20, 40),
+                        **train,
+                    ),
+                ],
+            )
+        )
+    appends.append(Append(f"run-{RUN}", [RunFinished(run=RUN)]))
+    return Plan(steps, appends)
+
+
+async def record(store: artstore.Store, plan: Plan) -> None:
+    """Queue every append (the store commits them in few large transactions), then wait."""
+    futures = [store.append_nowait(a.stream, a.events, blobs=a.blobs) for a in plan.appends]
+    await asyncio.gather(*futures)
+
+
+# --- where the data live -----------------------------------------------------------------
+
+
+@dataclass
+class Place:
+    """A temporary folder (SQLite file, parquet files) and fresh PostgreSQL databases."""
+
+    postgres_url: str
+    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="bench_queries_")))
+    created: list[str] = field(default_factory=list)
+
+    @property
+    def sqlite_file(self) -> Path:
+        return self.folder / "artstore.db"
+
+    @property
+    def parquet_dir(self) -> Path:
+        return self.folder / "parquet"
+
+    def admin_conninfo(self) -> str:
+        url = make_url(self.postgres_url).set(drivername="postgresql")
+        return url.render_as_string(hide_password=False)
+
+    def postgres_database(self) -> str:
+        """A fresh database; its libpq URL."""
+        name = f"bench_queries_{secrets.token_hex(4)}"
+        with psycopg.connect(self.admin_conninfo(), autocommit=True) as connection:
+            connection.execute(f'CREATE DATABASE "{name}"')
+        self.created.append(name)
+        url = make_url(self.postgres_url).set(drivername="postgresql", database=name)
+        return url.render_as_string(hide_password=False)
+
+    def clean(self) -> None:
+        if self.created:
+            with psycopg.connect(self.admin_conninfo(), autocommit=True) as connection:
+                for name in self.created:
+                    connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def sqlite_bytes(path: Path) -> int:
+    """The file's size after a checkpoint (WAL folded in), WAL included if any remains."""
+    with sqlite3.connect(path) as connection:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    wal = path.with_name(path.name + "-wal")
+    return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+
+
+def postgres_bytes(conninfo: str) -> int:
+    with psycopg.connect(conninfo) as connection:
+        row = connection.execute("SELECT pg_database_size(current_database())").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def parquet_files(place: Place) -> list[Path]:
+    return sorted((place.parquet_dir / "trajectories" / "train").glob("*.parquet"))
+
+
+# --- the questions ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Question:
+    name: str
+    sql: str  # over artstore's views
+    duckdb: str  # over `{files}`: read_parquet(..., filename = true)
+    leading_run: bool  # the view query's first column is the run (checked, then dropped)
+
+
+def _duckdb_step(offset: int) -> str:
+    number = r"CAST(regexp_extract(filename, '(\d+)\.parquet$', 1) AS INTEGER)"
+    return f"{number} - {offset}" if offset else number
+
+
+QUESTIONS = (
+    Question(
+        "reward curve",
+        (QUERIES / "reward_curve.sql").read_text(),
+        f"""
+        SELECT {_duckdb_step(1)} AS policy_step, COUNT(*), AVG(reward), MIN(reward), MAX(reward)
+        FROM {{files}}
+        GROUP BY policy_step ORDER BY policy_step""",
+        leading_run=True,
+    ),
+    Question(
+        "train-step reward",
+        "SELECT step, num_trajectories, reward_mean FROM v_train_steps\n"
+        "WHERE status = 'completed' ORDER BY step",
+        f"""
+        SELECT {_duckdb_step(0)} AS step, COUNT(*), AVG(reward)
+        FROM {{files}}
+        GROUP BY step ORDER BY step""",
+        leading_run=False,
+    ),
+    Question(
+        "tokens per step",
+        (QUERIES / "tokens_per_step.sql").read_text(),
+        f"""
+        WITH t AS (
+            SELECT {_duckdb_step(1)} AS policy_step,
+                CAST(metrics ->> '$.num_llm_calls' AS BIGINT) AS calls,
+                CAST(metrics ->> '$.prompt_tokens' AS BIGINT) AS prompt,
+                CAST(metrics ->> '$.completion_tokens' AS BIGINT) AS completion,
+                CAST(metrics ->> '$.llm_latency_s' AS DOUBLE) AS latency
+            FROM {{files}}
+        )
+        SELECT policy_step, SUM(calls), COUNT(*), SUM(prompt), SUM(completion),
+            SUM(prompt + completion), SUM(prompt + completion) / COUNT(*),
+            SUM(latency) / SUM(calls)
+        FROM t GROUP BY policy_step ORDER BY policy_step""",
+        leading_run=True,
+    ),
+)
+
+
+def _polars_steps(frame: pl.LazyFrame, offset: int) -> pl.LazyFrame:
+    number = pl.col("file").str.extract(r"(\d+)\.parquet$").cast(pl.Int64)
+    return frame.with_columns((number - offset).alias("step"))
+
+
+def _polars_metric(name: str, dtype: type[pl.DataType]) -> pl.Expr:
+    return pl.col("metrics").str.json_path_match(f"$.{name}").cast(dtype).alias(name)
+
+
+def polars_query(name: str, glob: str) -> pl.LazyFrame:
+    """The parquet side of question `name` in polars (the same numbers as the DuckDB SQL)."""
+    files = pl.scan_parquet(glob, include_file_paths="file")
+    if name == "reward curve":
+        return (
+            _polars_steps(files, 1)
+            .group_by("step")
+            .agg(
+                pl.len(),
+                pl.col("reward").mean().alias("mean"),
+                pl.col("reward").min().alias("min"),
+                pl.col("reward").max().alias("max"),
+            )
+            .sort("step")
+        )
+    if name == "train-step reward":
+        return (
+            _polars_steps(files, 0)
+            .group_by("step")
+            .agg(pl.len(), pl.col("reward").mean().alias("mean"))
+            .sort("step")
+        )
+    tokens = (pl.col("prompt_tokens") + pl.col("completion_tokens")).alias("total")
+    return (
+        _polars_steps(files, 1)
+        .select(
+            "step",
+            _polars_metric("num_llm_calls", pl.Int64),
+            _polars_metric("prompt_tokens", pl.Int64),
+            _polars_metric("completion_tokens", pl.Int64),
+            _polars_metric("llm_latency_s", pl.Float64),
+        )
+        .with_columns(tokens)
+        .group_by("step")
+        .agg(
+            pl.col("num_llm_calls").sum(),
+            pl.len(),
+            pl.col("prompt_tokens").sum(),
+            pl.col("completion_tokens").sum(),
+            pl.col("total").sum(),
+            (pl.col("total").sum() / pl.len()).alias("per_rollout"),
+            (pl.col("llm_latency_s").sum() / pl.col("num_llm_calls").sum()).alias("latency"),
+        )
+        .sort("step")
+    )
+
+
+Rows = list[tuple[Any, ...]]
+
+
+def plain_value(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value
+
+
+def normalised(rows: Sequence[Sequence[Any]], question: Question, from_views: bool) -> Rows:
+    """Rows as plain Python values, without the run column of the view queries."""
+    found = []
+    for row in rows:
+        values = [plain_value(v) for v in row]
+        if from_views and question.leading_run:
+            run, *values = values
+            if run != RUN:
+                raise AssertionError(f"{question.name}: unexpected run {run!r}")
+        found.append(tuple(values))
+    return found
+
+
+def same_rows(a: Rows, b: Rows) -> str | None:
+    """None when `a` and `b` hold the same numbers, else what differs first."""
+    if len(a) != len(b):
+        return f"{len(a)} rows against {len(b)}"
+    for number, (x, y) in enumerate(zip(a, b, strict=True)):
+        if len(x) != len(y):
+            return f"row {number}: {len(x)} columns against {len(y)}"
+        for u, v in zip(x, y, strict=True):
+            if isinstance(u, float) or isinstance(v, float):
+                if u is None or v is None or not math.isclose(u, v, rel_tol=REL_TOL):
+                    return f"row {number}: {x} against {y}"
+            elif u != v:
+                return f"row {number}: {x} against {y}"
+    return None
+
+
+# --- the engines --------------------------------------------------------------------------
+
+
+class Engine(ABC):
+    name: str
+
+    @abstractmethod
+    async def run(self, question: Question) -> Rows: ...
+
+    async def close(self) -> None:
+        return None
+
+
+class ArtstoreEngine(Engine):
+    """`artstore.analysis.query(store, sql)`: what `artstore sql` and users' scripts run."""
+
+    def __init__(self, name: str, store: artstore.Store) -> None:
+        self.name, self.store = name, store
+
+    async def run(self, question: Question) -> Rows:
+        result = await query(self.store, question.sql)
+        return normalised(result.rows, question, from_views=True)
+
+
+class SqliteEngine(Engine):
+    """The same SQL on one sqlite3 connection kept open (the database's own time)."""
+
+    name = "sqlite3"
+
+    def __init__(self, path: Path) -> None:
+        self.connection = sqlite3.connect(path)
+        try:
+            self.connection.execute("SELECT sqrt(4.0)")
+        except sqlite3.OperationalError:  # the views use sqrt (artstore registers it too)
+            self.connection.create_function("sqrt", 1, math.sqrt, deterministic=True)
+
+    async def run(self, question: Question) -> Rows:
+        rows = self.connection.execute(question.sql).fetchall()
+        return normalised(rows, question, from_views=True)
+
+    async def close(self) -> None:
+        self.connection.close()
+
+
+class PsycopgEngine(Engine):
+    """The same SQL on one psycopg connection kept open (the database's own time)."""
+
+    name = "psycopg"
+
+    def __init__(self, conninfo: str) -> None:
+        self.connection = psycopg.connect(conninfo, autocommit=True)
+
+    async def run(self, question: Question) -> Rows:
+        rows = self.connection.execute(question.sql).fetchall()  # type: ignore[arg-type]
+        return normalised(rows, question, from_views=True)
+
+    async def close(self) -> None:
+        self.connection.close()
+
+
+class DuckdbEngine(Engine):
+    name = "duckdb parquet"
+
+    def __init__(self, place: Place) -> None:
+        self.connection = duckdb.connect(":memory:")
+        glob = place.parquet_dir / "trajectories" / "train" / "*.parquet"
+        self.files = f"read_parquet('{glob}', filename = true)"
+
+    async def run(self, question: Question) -> Rows:
+        rows = self.connection.execute(question.duckdb.format(files=self.files)).fetchall()
+        return normalised(rows, question, from_views=False)
+
+    async def close(self) -> None:
+        self.connection.close()
+
+
+class PolarsEngine(Engine):
+    name = "polars parquet"
+
+    def __init__(self, place: Place) -> None:
+        self.glob = str(place.parquet_dir / "trajectories" / "train" / "*.parquet")
+
+    async def run(self, question: Question) -> Rows:
+        rows = polars_query(question.name, self.glob).collect().rows()
+        return normalised(rows, question, from_views=False)
+
+
+# --- measuring ----------------------------------------------------------------------------
+
+
+@dataclass
+class Timing:
+    first: float = 0.0
+    rounds: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.rounds)
+
+
+async def timed(engine: Engine, question: Question) -> tuple[float, Rows]:
+    start = time.perf_counter()
+    rows = await engine.run(question)
+    return time.perf_counter() - start, rows
+
+
+async def measure(
+    engines: list[Engine], repeat: int, console: Console
+) -> dict[tuple[str, str], Timing]:
+    """First run of every (question, engine), results checked equal; then `repeat` rounds."""
+    timings: dict[tuple[str, str], Timing] = {}
+    for question in QUESTIONS:
+        reference: Rows | None = None
+        for engine in engines:
+            seconds, rows = await timed(engine, question)
+            timings[question.name, engine.name] = Timing(first=seconds)
+            if reference is None:
+                reference = rows
+                if not rows:
+                    raise AssertionError(f"{question.name}: {engine.name} returned no rows")
+            elif (difference := same_rows(reference, rows)) is not None:
+                raise AssertionError(
+                    f"{question.name}: {engine.name} disagrees with {engines[0].name}: {difference}"
+                )
+        console.print(
+            f"  {question.name}: {len(reference or [])} rows, the same from all "
+            f"{len(engines)} engines"
+        )
+    for number in range(repeat):
+        shift = number % len(engines)
+        for engine in engines[shift:] + engines[:shift]:
+            for question in QUESTIONS:
+                seconds, _ = await timed(engine, question)
+                timings[question.name, engine.name].rounds.append(seconds)
+    return timings
+
+
+# --- reporting ----------------------------------------------------------------------------
+
+
+def size(value: int) -> str:
+    return f"{value / 2**20:.1f} MiB"
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f}" if seconds < 1 else f"{seconds * 1000:,.0f}"
+
+
+def ratio(value: float, reference: float | None) -> str:
+    return "" if reference is None else f"x {value / reference:.2f}"
+
+
+def report(
+    timings: dict[tuple[str, str], Timing],
+    engines: list[Engine],
+    repeat: int,
+    console: Console,
+) -> None:
+    table = Table(
+        title=f"Analysis queries, median of {repeat} warm rounds (ms)",
+        caption="first: the first run of that query by that engine in this process",
+    )
+    for column in ("question", "engine"):
+        table.add_column(column, no_wrap=True)
+    for column in ("first ms", "median ms", "vs artstore sqlite", "vs duckdb"):
+        table.add_column(column, justify="right", no_wrap=True)
+    names = [engine.name for engine in engines]
+    for question in QUESTIONS:
+        base = timings.get((question.name, "artstore sqlite"))
+        duck = timings.get((question.name, "duckdb parquet"))
+        for i, name in enumerate(names):
+            timing = timings[question.name, name]
+            table.add_row(
+                question.name if i == 0 else "",
+                name,
+                ms(timing.first),
+                ms(timing.median),
+                ratio(timing.median, base.median if base else None),
+                ratio(timing.median, duck.median if duck else None),
+                end_section=i == len(names) - 1,
+            )
+    console.print(table)
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--databases",
+        default="sqlite,postgresql",
+        help="comma-separated: sqlite, postgresql (default both)",
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("ARTSTORE_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL),
+        help="a PostgreSQL server where the user may create databases "
+        f"(default $ARTSTORE_BENCH_POSTGRES_URL or {DEFAULT_POSTGRES_URL})",
+    )
+    parser.add_argument(
+        "--rollouts",
+        type=int,
+        default=None,
+        help=f"rollouts in the run, a multiple of {ROLLOUTS_PER_STEP} (default 10000)",
+    )
+    parser.add_argument("--repeat", type=int, default=None, help="timed rounds (default 7)")
+    parser.add_argument("--quick", action="store_true", help="1,000 rollouts and 3 rounds")
+    parser.add_argument("--seed", type=int, default=5, help="of the generated data")
+    parser.add_argument(
+        "--sqlite-analyze",
+        action="store_true",
+        help="run ANALYZE on the SQLite file before measuring (artstore itself does not)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the SQLite file, parquet and PG database"
+    )
+    args = parser.parse_args(argv)
+    args.databases = [d.strip() for d in args.databases.split(",") if d.strip()]
+    unknown = set(args.databases) - set(DATABASES)
+    if unknown or not args.databases:
+        parser.error(f"--databases takes sqlite and/or postgresql, not {sorted(unknown)}")
+    args.rollouts = args.rollouts or (1000 if args.quick else 10000)
+    args.repeat = args.repeat or (3 if args.quick else 7)
+    if args.rollouts <= 0 or args.rollouts % ROLLOUTS_PER_STEP:
+        parser.error(f"--rollouts must be a positive multiple of {ROLLOUTS_PER_STEP}")
+    return args
+
+
+async def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console(width=None if sys.stdout.isatty() else 120)
+    place = Place(args.postgres_url)
+    stores: list[artstore.Store] = []
+    engines: list[Engine] = []
+    try:
+        console.print(f"[bold]bench_queries[/]: {load()}")
+        start = time.perf_counter()
+        plan = plan_run(args.rollouts // ROLLOUTS_PER_STEP, args.seed)
+        console.print(
+            f"planned {plan.rollouts:,} rollouts ({plan.steps} steps x {GROUPS_PER_STEP} groups "
+            f"x {GROUP_SIZE}, {CALLS_PER_ROLLOUT} LLM calls each): {plan.events:,} events in "
+            f"{len(plan.appends):,} appends, built in {time.perf_counter() - start:.1f} s"
+        )
+        sizes: list[tuple[str, int]] = []
+        by_database: dict[str, tuple[artstore.Store, Engine, str]] = {}
+        for database in args.databases:
+            conninfo = ""
+            if database == "sqlite":
+                url = f"sqlite:///{place.sqlite_file}"
+            else:
+                conninfo = place.postgres_database()
+                url = conninfo
+            store = await artstore.open_store(url)
+            stores.append(store)
+            start = time.perf_counter()
+            await record(store, plan)
+            seconds = time.perf_counter() - start
+            console.print(
+                f"recorded on {database}: {seconds:.1f} s ({plan.events / seconds:,.0f} events/s, "
+                f"{store.transactions} transactions)"
+            )
+            if database == "sqlite":
+                if args.sqlite_analyze:
+                    with sqlite3.connect(place.sqlite_file) as connection:
+                        connection.execute("ANALYZE")
+                    console.print("ran ANALYZE on the SQLite file (--sqlite-analyze)")
+                raw: Engine = SqliteEngine(place.sqlite_file)
+            else:
+                with psycopg.connect(conninfo, autocommit=True) as connection:
+                    connection.execute("ANALYZE")
+                raw = PsycopgEngine(conninfo)
+            by_database[database] = (store, raw, conninfo)
+
+        start = time.perf_counter()
+        summary = await export_parquet(stores[0], RUN, place.parquet_dir)
+        console.print(
+            f"exported from {args.databases[0]} to ART's parquet: {len(summary.files)} files, "
+            f"{summary.trajectories:,} trajectories in {time.perf_counter() - start:.1f} s"
+        )
+        if summary.trajectories != plan.rollouts or len(summary.files) != plan.steps:
+            raise AssertionError(f"the export is incomplete: {summary}")
+
+        for database, (store, raw, conninfo) in by_database.items():
+            engines += [ArtstoreEngine(f"artstore {database}", store), raw]
+            if database == "sqlite":
+                sizes.append(("SQLite file (after checkpoint)", sqlite_bytes(place.sqlite_file)))
+            else:
+                sizes.append(("PostgreSQL database", postgres_bytes(conninfo)))
+        sizes.append(("ART parquet files", sum(p.stat().st_size for p in parquet_files(place))))
+        engines += [DuckdbEngine(place), PolarsEngine(place)]
+        console.print("sizes: " + ", ".join(f"{what} {size(n)}" for what, n in sizes))
+
+        console.print(f"checking results, then {args.repeat} rounds ({load()})")
+        timings = await measure(engines, args.repeat, console)
+        report(timings, engines, args.repeat, console)
+        console.print(f"after: {load()}")
+        if args.keep:
+            console.print(
+                f"kept: {place.folder} (SQLite file, parquet/), PostgreSQL databases "
+                f"{', '.join(place.created) or '(none)'}"
+            )
+        return 0
+    finally:
+        for engine in engines:
+            await engine.close()
+        for store in stores:
+            await store.close()
+        if not args.keep:
+            place.clean()
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
