@@ -236,3 +236,14 @@ async def test_a_newer_schema_is_refused(database_url):
 async def test_an_unreachable_database_is_a_clear_error(url):
     with pytest.raises(DatabaseUnavailableError, match="cannot reach the database"):
         await artstore.open_store(url)
+
+
+async def test_sqlite_keeps_planner_statistics_for_the_views(tmp_path):
+    # Without statistics SQLite planned v_train_steps in seconds on a large run.
+    url = f"sqlite:///{tmp_path / 'stats.db'}"
+    async with await artstore.open_store(url) as store:
+        await store.append("run-s", [finished("s")], NO_STREAM)
+    async with await artstore.open_store(url) as store:
+        async with store.database.read() as connection:
+            tables = await connection.execute(text("SELECT name FROM sqlite_master"))
+            assert "sqlite_stat1" in {row.name for row in tables}

@@ -47,9 +47,9 @@ NO_STREAM = 0  # expected_version: the stream must not exist yet
 MAX_APPENDS_PER_TRANSACTION = 1000
 MAX_EVENTS_PER_TRANSACTION = 5000
 # SQLite's planner needs statistics to plan the analysis views well (without them one
-# view took seconds on a 10,000-rollout run instead of milliseconds): refresh them now
-# and then, and when a store that wrote closes. PostgreSQL's autovacuum does this itself.
-STATISTICS_EVERY = 2000
+# view took seconds on a 10,000-rollout run instead of milliseconds): refresh them every
+# so many events, and when a store that wrote closes. PostgreSQL's autovacuum does this.
+STATISTICS_EVERY_EVENTS = 10_000
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,7 @@ class EventStore:
         self._heads: OrderedDict[str, int] = OrderedDict()
         self._stored_blobs: OrderedDict[str, None] = OrderedDict()
         self.transactions = 0  # write transactions committed: group commit at work
+        self._events_since_statistics = 0
         self._connection: AsyncConnection | None = None  # the writer's own
 
     @property
@@ -234,7 +235,8 @@ class EventStore:
             # fast transaction rolled back whole; take the batch apart in a second one.
             await self._transaction(one_by_one)
         self.transactions += 1
-        if self.transactions % STATISTICS_EVERY == 0:
+        self._events_since_statistics += sum(len(item.rows) for item in batch)
+        if self._events_since_statistics >= STATISTICS_EVERY_EVENTS:
             await self._refresh_statistics()
         for item in batch:  # committed: remember what now exists
             if item.result is not None:
@@ -423,6 +425,7 @@ class EventStore:
     # --- lifecycle ----------------------------------------------------------------------
 
     async def _refresh_statistics(self) -> None:
+        self._events_since_statistics = 0
         if self.dialect != "sqlite" or self._connection is None:
             return
         with contextlib.suppress(Exception):  # statistics help; they must never cost a write
