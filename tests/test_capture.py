@@ -99,6 +99,16 @@ async def test_a_result_that_is_not_json_fails_the_rollout(store) -> None:
     assert [e.type for e in events] == ["rollout.started", "rollout.failed"]
 
 
+@pytest.mark.parametrize("field", ["metrics", "metadata"])
+async def test_an_unstorable_metric_fails_the_rollout_instead_of_losing_its_end(store, field):
+    with pytest.raises(InvalidEventError, match=field):
+        async with store.rollout("my-model") as rollout:
+            rollout.result = "fine"
+            getattr(rollout, field)["score"] = float("nan")
+    events = await store.read_stream(rollout.stream_id)
+    assert [e.type for e in events] == ["rollout.started", "rollout.failed"]
+
+
 async def test_calls_after_the_block_are_refused(store) -> None:
     async with store.rollout("my-model") as rollout:
         pass

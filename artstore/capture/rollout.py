@@ -366,19 +366,19 @@ async def rollout(
             rollout_id=recorder.id,
             result=recorder._json(recorder.result, "agent's result"),
             duration_s=time.monotonic() - clock,
-            metrics=recorder.metrics,
+            metrics=recorder._json(recorder.metrics, "metrics"),
             metadata=recorder._json(recorder.metadata, "metadata"),
             logs=[recorder.redact(line) for line in recorder.logs],
         )
         await recorder._settle()
+        recorder._ended = True
+        recorder._append(finished)  # checked above: the end of the stream is never missing
     except BaseException as exc:  # the agent failed, its result is unusable, or a call was
         await recorder._settle()
         recorder._ended = True
         recorder._append(recorder._failure(exc, time.monotonic() - clock))
         await recorder._settle()
         raise
-    recorder._ended = True
-    recorder._append(finished)
     await recorder._settle()
 
 
