@@ -225,7 +225,46 @@ async def test_validation_model_gives_wins_and_win_rate_through_legacy_train(
     await assert_consistent(store)
 
 
-# --- one trainer per run --------------------------------------------------------------------
+# --- one trainer per model ------------------------------------------------------------------
+
+
+async def test_a_replay_that_crashed_is_settled_by_the_models_next_trainer(
+    store: Any, server: LocalInferenceServer, tmp_path: Path
+) -> None:
+    """A step left open in another run (a replay into this model died in backend.train)
+    is settled when the model's own run starts, before its step moves on."""
+    from artstore.events import TrainStepStarted
+    from artstore.training.steps import model_key, train_stream
+
+    model, _ = await trainable_model(tmp_path, server)
+    crashed = TrainStepStarted(
+        run="other-run", model=model_key(model), step=0, group_ids=["g"], scorer="s", trainer="x"
+    )
+    await store.append(train_stream("other-run"), [crashed])
+    summary = await TrainingFramework(store).run_training(
+        model=model,
+        scenarios=scenarios(2),
+        agent_function=scripted_agent,
+        reward_function=length_reward,
+        config=config(),
+    )
+    assert any("run 'other-run'" in note for note in summary.reconciled)
+    other = await rows(store, t.train_steps, t.train_steps.c.run == "other-run")
+    assert [(s.status, s.error_type) for s in other] == [("failed", "TrainerStopped")]
+    assert await rows(store, t.group_consumptions, t.group_consumptions.c.group_id == "g") == []
+
+
+async def test_a_replay_into_a_model_being_trained_gets_a_clear_error(
+    store: Any, server: LocalInferenceServer, tmp_path: Path
+) -> None:
+    from artstore.training.lease import trainer_lease
+    from artstore.training.steps import model_key
+
+    model, _ = await trainable_model(tmp_path, server)
+    async with trainer_lease(store.database, "its-own-run", model_key(model)):
+        with pytest.raises(TrainerConflictError, match="one trainer per model"):
+            async with trainer_lease(store.database, "another-run", model_key(model)):
+                pass
 
 
 async def test_a_second_trainer_on_the_same_run_gets_a_clear_error(

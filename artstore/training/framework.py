@@ -395,7 +395,7 @@ class TrainingFramework:
         summary: RunSummary,
     ) -> None:
         model = recipe.model
-        for note in (await reconcile(store, run, model), await push_if_missing(store, run, model)):
+        for note in (await reconcile(store, model), await push_if_missing(store, run, model)):
             if note:
                 summary.reconciled.append(note)
                 log.warning("run %s: %s", run, note)

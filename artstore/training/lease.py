@@ -21,25 +21,28 @@ from artstore.errors import TrainerConflictError
 from artstore.eventstore.database import Database
 
 
-def _lock_key(run: str, model: str) -> int:
-    digest = hashlib.sha256(f"artstore-run:{run}\x00{model}".encode()).digest()
+def _lock_key(model: str) -> int:
+    digest = hashlib.sha256(f"artstore-trainer:{model}".encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1  # a positive bigint
 
 
 def _conflict(run: str, model: str) -> TrainerConflictError:
     return TrainerConflictError(
-        f"run {run!r} is being trained into {model} by another process; wait for it to "
-        "finish or stop it (a crashed trainer releases the run by itself)"
+        f"{model} is being trained by another process, so run {run!r} cannot train it now: "
+        "one trainer per model at a time. Wait for it to finish or stop it (a crashed "
+        "trainer releases the model by itself)"
     )
 
 
 @asynccontextmanager
 async def trainer_lease(database: Database, run: str, model: str) -> AsyncIterator[None]:
-    """Hold (run, trained model) for this process, or raise TrainerConflictError at once.
+    """Hold the trained model for this process, or raise TrainerConflictError at once.
 
-    Training model B on run A's groups (a replay) does not conflict with A's trainer.
+    One trainer per model: its steps and their reconciliation after a crash depend on
+    nobody else moving the model's step. Training model B on run A's groups (a replay)
+    does not conflict with A's trainer; a replay into A's own model does.
     """
-    key = _lock_key(run, model)
+    key = _lock_key(model)
     if database.dialect == "postgresql":
         async with database.write_engine.connect() as connection:
             got = (await connection.execute(text(f"SELECT pg_try_advisory_lock({key})"))).scalar()

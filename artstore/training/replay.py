@@ -247,7 +247,7 @@ async def replay(
         return plan
     await run_info(store, run)  # an unknown run is an error before the lease file is made
     async with trainer_lease(store.database, run, model_key(model)):
-        await reconcile(store, run, model)
+        await reconcile(store, model)
         plan = await plan_replay(store, run, model, **options)
         if on_plan is not None:
             on_plan(plan)

@@ -67,25 +67,25 @@ async def consumed_groups(store: Store, model: Any, group_ids: Sequence[str]) ->
     return found
 
 
-async def reconcile(store: Store, run: str, model: art.TrainableModel) -> str | None:
-    """Settle a step left open by a crash, with the backend's own step; say what was done.
+async def reconcile(store: Store, model: art.TrainableModel) -> str | None:
+    """Settle steps of `model` left open by a crash, with the backend's own step.
 
-    Also refuses a backend that is behind what the store recorded (its checkpoints were
+    Any run's open step counts (a replay into the model may have crashed), and only the
+    model's trainer calls this, holding the model's lease. Says what was done. Also
+    refuses a backend that is behind what the store recorded (its checkpoints were
     deleted, or it points at another directory): training on would reuse step numbers.
     """
     async with store.database.read() as connection:
-        open_step = (
+        open_steps = (
             await connection.execute(
                 select(t.train_steps)
                 .where(
-                    t.train_steps.c.run == run,
                     t.train_steps.c.model == model_key(model),
                     t.train_steps.c.status == "started",
                 )
-                .order_by(t.train_steps.c.id.desc())
-                .limit(1)
+                .order_by(t.train_steps.c.id)
             )
-        ).first()
+        ).all()
         recorded_step = (
             await connection.execute(
                 select(func.max(t.train_steps.c.step)).where(
@@ -102,17 +102,26 @@ async def reconcile(store: Store, run: str, model: art.TrainableModel) -> str | 
             "or the backend points at another directory. Use the original backend path, or "
             "train into a new model name."
         )
-    if open_step is None:
-        return None
+    notes = []
+    for number, open_step in enumerate(open_steps):
+        latest = number == len(open_steps) - 1  # steps are sequential: only it can be done
+        notes.append(await _settle_open_step(store, model, open_step, backend_step, latest))
+    return "; ".join(notes) or None
+
+
+async def _settle_open_step(
+    store: Store, model: Any, open_step: Any, backend_step: int, latest: bool
+) -> str:
     group_ids = list(open_step.group_ids)
-    if backend_step > open_step.step_before:
+    stream = train_stream(open_step.run)
+    if latest and backend_step > open_step.step_before:
         # backend.train returned (or wrote its checkpoint) but the trainer died before the
         # step was recorded: the groups were trained, record that rather than train again.
         await store.append(
-            train_stream(run),
+            stream,
             [
                 TrainStepCompleted(
-                    run=run,
+                    run=open_step.run,
                     model=model_key(model),
                     step=backend_step,
                     group_ids=group_ids,
@@ -124,14 +133,14 @@ async def reconcile(store: Store, run: str, model: art.TrainableModel) -> str | 
         # The trajectories of the step for ART's own history (metrics died with the trainer).
         await _log_step(model, await load_groups(store, group_ids, open_step.scorer), backend_step)
         return (
-            f"step {backend_step} was trained before a crash but not recorded; "
-            "recorded it from the backend's step"
+            f"step {backend_step} of run {open_step.run!r} was trained before a crash but not "
+            "recorded; recorded it from the backend's step"
         )
     await store.append(
-        train_stream(run),
+        stream,
         [
             TrainStepFailed(
-                run=run,
+                run=open_step.run,
                 model=model_key(model),
                 step=open_step.step_before,
                 group_ids=group_ids,
@@ -142,8 +151,8 @@ async def reconcile(store: Store, run: str, model: art.TrainableModel) -> str | 
         ],
     )
     return (
-        f"step {open_step.step_before + 1} was interrupted by a crash before the backend "
-        "finished it; its groups are trained again"
+        f"step {open_step.step_before + 1} of run {open_step.run!r} was interrupted by a "
+        "crash before the backend finished it; its groups are trained again"
     )
 
 
