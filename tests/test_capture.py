@@ -16,10 +16,10 @@ from pydantic import BaseModel
 from sqlalchemy import inspect, select, text
 
 from artstore.capture import messages as lc
-from artstore.capture.redaction import REDACTED, Redactor, redact_url, secrets_in_url
 from artstore.capture.rollout import current_rollout
 from artstore.errors import InvalidEventError, NoRolloutError
 from artstore.langgraph import init_chat_model
+from artstore.redaction import REDACTED, Redactor, redact_url, secrets_in_url
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer, token_logprobs
 

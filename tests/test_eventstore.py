@@ -247,3 +247,12 @@ async def test_sqlite_keeps_planner_statistics_for_the_views(tmp_path):
         async with store.database.read() as connection:
             tables = await connection.execute(text("SELECT name FROM sqlite_master"))
             assert "sqlite_stat1" in {row.name for row in tables}
+
+
+async def test_no_event_keeps_a_known_secret(store, monkeypatch):
+    # Whatever layer makes an event (a run's error, a failed step), the store rewrites it.
+    secret = "sk-live-0123456789abcdef"
+    store.redact.add([secret])
+    await store.append("run-r", [RunFinished(run="r", status="failed", error=f"401 for {secret}")])
+    (recorded,) = await store.read_stream("run-r")
+    assert secret not in str(recorded.data) and "[REDACTED]" in recorded.data["error"]

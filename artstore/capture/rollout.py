@@ -33,7 +33,6 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from artstore.capture import messages as lc
-from artstore.capture.redaction import Redactor, redact_url
 from artstore.errors import InvalidEventError, NoRolloutError
 from artstore.events import (
     LLMCall,
@@ -43,6 +42,7 @@ from artstore.events import (
     new_id,
 )
 from artstore.eventstore.blobs import blob_hash, canonical_json
+from artstore.redaction import Redactor, redact_url
 
 if TYPE_CHECKING:
     from artstore.eventstore.store import AppendResult, EventStore
@@ -337,6 +337,8 @@ async def rollout(
         inference_api_key=getattr(model, "inference_api_key", None),
         inference_model_name=getattr(model, "inference_model_name", None),
     )
+    # The store checks every event it writes for the model's key too, whatever made it.
+    store.redact.add([recorder.inference_api_key], urls=[recorder.inference_base_url])
     started = RolloutStarted(
         rollout_id=recorder.id,
         run=run,

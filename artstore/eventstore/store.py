@@ -39,6 +39,7 @@ from artstore.errors import (
 from artstore.events import Event, decode_event, encode_event
 from artstore.eventstore.blobs import EncodedJson
 from artstore.eventstore.database import Database, translate_error
+from artstore.redaction import Redactor
 from artstore.schema.tables import EVENTS_APPEND_LOCK_KEY, blobs, events
 
 ANY: int | None = None  # expected_version: append whatever the stream's version
@@ -110,6 +111,10 @@ class EventStore:
         self._stored_blobs: OrderedDict[str, None] = OrderedDict()
         self.transactions = 0  # write transactions committed: group commit at work
         self._events_since_statistics = 0
+        # The last guard of invariant 7: every payload is checked for the secrets known
+        # here (key-like environment variables, and the keys of the models in use) and
+        # rewritten before it is queued, whatever layer made the event.
+        self.redact = Redactor()
         self._connection: AsyncConnection | None = None  # the writer's own
 
     @property
@@ -160,7 +165,7 @@ class EventStore:
             raise StoreClosedError("the store is closed")
         if not new_events:
             raise InvalidEventError("an append needs at least one event")
-        rows = [_event_row(stream_id, event) for event in new_events]
+        rows = [_event_row(stream_id, event, self.redact) for event in new_events]
         if len({row["event_id"] for row in rows}) != len(rows):
             raise InvalidEventError("an append holds the same event id twice")
         queue = self._ensure_writer()
@@ -459,12 +464,15 @@ class EventStore:
         await self.close()
 
 
-def _event_row(stream_id: str, event: Event) -> dict[str, Any]:
+def _event_row(stream_id: str, event: Event, redact: Redactor) -> dict[str, Any]:
     type_name, data = encode_event(event)
     try:
         encoded = EncodedJson.of(data)  # refuse NaN and anything else that is not JSON, now
     except (TypeError, ValueError) as exc:
         raise InvalidEventError(f"{type_name!r} event is not valid JSON: {exc}") from None
+    redacted = redact(encoded)
+    if redacted != encoded:  # a secret in the payload: store the redacted document
+        encoded = EncodedJson.of(json.loads(redacted))
     return {
         "event_id": event.event_id,
         "stream_id": stream_id,

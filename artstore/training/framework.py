@@ -365,6 +365,11 @@ class TrainingFramework:
         self._active_runs += 1
         try:
             store = await self.store()
+            # Keys of the models in use never reach an event (agent errors quote them).
+            store.redact.add(
+                [getattr(m, "inference_api_key", None) for m in (model, validation_model)],
+                urls=[getattr(m, "inference_base_url", None) for m in (model, validation_model)],
+            )
             async with trainer_lease(store.database, run, model_key(model)):
                 summary = RunSummary(run=run)
                 summary.resumed = await self._start_or_resume(

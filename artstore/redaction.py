@@ -70,6 +70,11 @@ class Redactor:
         # Longest first, so that a key containing another is replaced whole.
         self._secrets = sorted(found, key=len, reverse=True)
 
+    def add(self, secrets: Iterable[str | None] = (), *, urls: Iterable[str | None] = ()) -> None:
+        """Know more secrets from now on (a model's key, when a run or rollout starts)."""
+        merged = Redactor(secrets, urls=urls)._secrets
+        self._secrets = sorted(set(self._secrets) | set(merged), key=len, reverse=True)
+
     def __bool__(self) -> bool:
         return bool(self._secrets)
 
