@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from artstore.errors import GroupAlreadyConsumedError
@@ -54,6 +54,9 @@ async def project(connection: AsyncConnection, recorded: list[RecordedEvent]) ->
 
 async def rebuild(connection: AsyncConnection, page_size: int = 2000) -> int:
     """Empty every projection table and replay the whole event log into them."""
+    if connection.dialect.name == "postgresql":
+        # Hold appenders off: an append projected meanwhile would update deleted rows.
+        await connection.execute(select(func.pg_advisory_xact_lock(t.EVENTS_APPEND_LOCK_KEY)))
     for table in reversed(t.PROJECTION_TABLES):
         await connection.execute(delete(table))
     after, count = 0, 0

@@ -21,15 +21,15 @@ never checked (count, numbers, NaN); `model.train`, which ART 0.5 no longer has 
 rollout is now recorded as failed and left out of the group); a failure in one group that
 left the batch's other groups running unattended; trajectories rebuilt from pickled files.
 
-The reward function gets `(scenario, results, trajectories)` as in the seed, where results
-are the agents' results as stored (JSON) whether they were made now or before a crash, so
-that a resumed run and `artstore rescore` score exactly what a fresh run would.
+The reward function gets `(scenario, results, trajectories)` as in the seed, where the
+scenario and the results are as stored (JSON: pydantic models and dataclasses dumped),
+whether the rollouts were made now or before a crash, so that a resumed run and
+`artstore rescore` score exactly what a fresh run does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import itertools
 import json
@@ -39,6 +39,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from artstore.capture.rollout import to_json_value
 from artstore.errors import ArtstoreError, ConfigurationError
 from artstore.events import RunFinished, RunResumed, RunStarted
 from artstore.eventstore.blobs import canonical_json
@@ -91,15 +92,6 @@ def batched(iterable: Iterable[Any], n: int) -> Iterable[tuple[Any, ...]]:
     iterator = iter(iterable)
     while batch := tuple(itertools.islice(iterator, n)):
         yield batch
-
-
-def to_json_value(value: Any) -> Any:
-    """An agent's result or a scenario as JSON: pydantic models and dataclasses are dumped."""
-    if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json")
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return value
 
 
 @dataclass
@@ -512,7 +504,7 @@ class TrainingFramework:
         trajectories = await store.trajectories(ids)
         rewards = await call_reward_function(
             recipe.reward_function,
-            scenario,
+            stored_json(scenario),  # as `artstore rescore` will give it: the same inputs
             [done.results[i] for i in ids],
             [trajectories[i] for i in ids],
             str(place),
@@ -664,6 +656,11 @@ async def _record_failure(store: Store, run: str, exc: Exception) -> None:
         )
     except Exception as append_error:
         log.warning("run %s: could not record its failure: %s", run, append_error)
+
+
+def stored_json(value: Any) -> Any:
+    """`value` as the store gives it back (a JSON round trip of `to_json_value`)."""
+    return json.loads(canonical_json(to_json_value(value)))
 
 
 def _scenario_json(scenario: Any, index: int) -> Any:
