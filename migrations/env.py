@@ -1,8 +1,9 @@
 """Alembic environment for artstore.
 
 artstore runs migrations itself (`artstore db upgrade`, or on opening a store) and hands
-Alembic an open connection in `config.attributes["connection"]`. Running `alembic` by hand
-also works: the URL then comes from `sqlalchemy.url` or `ARTSTORE_URL`.
+Alembic an open connection in `config.attributes["connection"]`. Running `alembic -c
+migrations/alembic.ini ...` by hand also works (to write a new revision): the URL then
+comes from `sqlalchemy.url`, `$ARTSTORE_URL`, or the default SQLite file.
 """
 
 from __future__ import annotations

@@ -72,6 +72,9 @@ def run(work: Callable[[], Awaitable[T]]) -> T:
     except KeyboardInterrupt:
         err_console.print("interrupted")
         raise typer.Exit(130) from None
+    except BrokenPipeError:  # `artstore export RUN - | head`: the reader has had enough
+        _silence_stdout()
+        raise typer.Exit(0) from None
     except Exception as exc:
         if State.debug:
             raise
@@ -85,6 +88,12 @@ def run(work: Callable[[], Awaitable[T]]) -> T:
             first = lines[0] if lines else ""
             say_error(f"{type(exc).__name__}: {first} (--debug shows the traceback)")
         raise typer.Exit(1) from None
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so that Python's exit does not complain of the pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def fail(message: str) -> typer.Exit:
