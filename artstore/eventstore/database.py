@@ -93,7 +93,7 @@ def is_busy(exc: BaseException) -> bool:
 def translate_error(exc: BaseException, database: Database | None = None) -> Exception:
     """The artstore error for a driver error (callers never see the driver's)."""
     where = f" at {database.display_url}" if database else ""
-    message = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+    message = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0]
     if "immutable" in message:
         return ImmutableEventError(message.removeprefix("artstore: "))
     if isinstance(exc, IntegrityError) and "group_consumptions" in message:

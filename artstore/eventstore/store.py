@@ -228,7 +228,7 @@ class EventStore:
                     async with connection.begin_nested():
                         await self._write_checked(connection, item)
                 except (ArtstoreError, IntegrityError) as exc:
-                    item.result, item.error = None, _explain(exc, self.database)
+                    item.result, item.error = None, translate_error(exc, self.database)
                     self._heads.pop(item.stream_id, None)
 
         try:
@@ -538,10 +538,3 @@ def recorded_from_row(row: Any) -> RecordedEvent:
         data=data,
         recorded_at=recorded_at,
     )
-
-
-def _explain(exc: BaseException, database: Database) -> BaseException:
-    """What an append's failure means to the caller."""
-    if isinstance(exc, IntegrityError):
-        return translate_error(exc, database)
-    return exc

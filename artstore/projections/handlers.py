@@ -100,10 +100,11 @@ async def _run_started(c: AsyncConnection, e: RunStarted, r: RecordedEvent) -> N
 
 @handles(RunResumed)
 async def _run_resumed(c: AsyncConnection, e: RunResumed, r: RecordedEvent) -> None:
+    changes: dict[str, Any] = {"status": "running", "trainer": e.trainer}
+    if e.config is not None:  # resumed with more epochs: the run's configuration now
+        changes["config"] = e.config
     await c.execute(
-        update(t.runs)
-        .where(t.runs.c.run == e.run)
-        .values(status="running", trainer=e.trainer, finished_at=None, error=None)
+        update(t.runs).where(t.runs.c.run == e.run).values(**changes, finished_at=None, error=None)
     )
 
 

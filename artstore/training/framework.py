@@ -55,6 +55,7 @@ from artstore.training.groups import (
     rewards_event,
     sealed_event,
     sealed_groups,
+    win_metrics,
 )
 from artstore.training.lease import trainer_lease
 from artstore.training.steps import (
@@ -511,8 +512,8 @@ class TrainingFramework:
         )
         if done.validation:
             policy, validation = rewards[: len(done.policy)], rewards[len(done.policy) :]
-            wins = sum(1 for p in policy for v in validation if p >= v)
-            log.info("%s: win rate %.3f", place, wins / (len(policy) * len(validation)))
+            rates = [m["win_rate"] for m in win_metrics(policy, validation)]
+            log.info("%s: win rate %.3f", place, sum(rates) / len(rates))
         # Rewards and seal in one append: a group stream holds both or nothing.
         await store.append(
             group_stream(place.group_id),
