@@ -88,3 +88,25 @@ def test_importing_artstore_and_its_help_do_not_import_art():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert output.split() == ["False", "False"]
+
+
+def test_the_newest_views_revision_matches_views_py():
+    """Changing artstore/schema/views.py needs a revision that recreates the views."""
+    import importlib
+    import pkgutil
+
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    from artstore.migrations import versions
+    from artstore.schema import views
+
+    revisions = [
+        importlib.import_module(f"artstore.migrations.versions.{module.name}")
+        for module in pkgutil.iter_modules(versions.__path__)
+    ]
+    with_views = sorted(
+        (r for r in revisions if hasattr(r, "CREATE_VIEWS")), key=lambda r: r.revision
+    )
+    newest = with_views[-1].CREATE_VIEWS
+    assert newest["sqlite"] == views.create_statements(sqlite.dialect())
+    assert newest["postgresql"] == views.create_statements(postgresql.dialect())

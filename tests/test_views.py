@@ -60,7 +60,7 @@ def test_every_view_and_column_is_documented_in_the_readme():
 async def test_every_readme_example_runs(recorded):
     section = README.read_text().split("## SQL views", 1)[1]
     examples = re.findall(r"```sql\n(.*?)```", section, re.S)
-    assert len(examples) == len(VIEWS)
+    assert len(examples) >= len(VIEWS)  # one per view at least
     for example in examples:
         await query(recorded, example)
 
