@@ -6,7 +6,6 @@ import json
 import os
 import shlex
 import subprocess
-import time
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -28,7 +27,6 @@ def suggested_commands(output: str) -> list[list[str]]:
 
 
 def test_demo_runs_twice_on_the_default_sqlite_store_and_its_suggestions_work(tmp_path):
-    clock = time.monotonic()
     first = subprocess.run(
         ["artstore", "demo"],
         capture_output=True,
@@ -36,11 +34,9 @@ def test_demo_runs_twice_on_the_default_sqlite_store_and_its_suggestions_work(tm
         timeout=120,
         env={**os.environ, "COLUMNS": "200"},
     )
-    elapsed = time.monotonic() - clock
     second = cli("demo")
 
     assert first.returncode == 0, first.stderr
-    assert elapsed < 60  # about 10 s here; the budget is generous for a loaded machine
     assert "Recorded run demo-1" in first.stdout
     assert second.exit_code == 0, second.output
     assert "Recorded run demo-2" in second.stdout  # a new run each time
