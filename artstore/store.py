@@ -93,9 +93,9 @@ class Store(EventStore):
             if e.type == "trajectory.imported"
         }
         async with self.database.read() as connection:
-            calls = await StoredCalls.load(connection, ids)  # parsed one rollout at a time
+            calls = await connection.run_sync(StoredCalls.load, ids)  # parsed one rollout at a time
             rewards = await latest_rewards(connection, ids, scorer)
-            bodies = await load_bodies(connection, blob_hashes(imported.values()))
+            bodies = await connection.run_sync(load_bodies, blob_hashes(imported.values()))
         result = {}
         for rollout_id in ids:
             recorded = streams[f"rollout-{rollout_id}"]
@@ -144,7 +144,7 @@ class Store(EventStore):
         from artstore.projections import rebuild
 
         await self.flush()
-        return await self.database.run_write(rebuild)
+        return await self.database.run_write(lambda connection: connection.run_sync(rebuild))
 
 
 async def latest_rewards(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 
 from artstore.events import RunFinished
 from artstore.eventstore.database import connect
@@ -21,13 +22,13 @@ from artstore.urls import resolve_url
 async def main(url: str, stream: str, count: int, hold: float) -> None:
     held = False
 
-    async def projector(connection, recorded) -> None:
+    def projector(connection, recorded) -> None:
         nonlocal held
-        await project(connection, recorded)
-        if hold and not held:
+        project(connection, recorded)
+        if hold and not held:  # inside the write transaction: the lock is held meanwhile
             held = True
             print("holding", flush=True)
-            await asyncio.sleep(hold)
+            time.sleep(hold)
 
     store = Store(connect(resolve_url(url)), projector=projector)
     try:

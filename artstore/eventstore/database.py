@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TypeVar
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
 
 from artstore.errors import (
     DatabaseUnavailableError,
@@ -39,6 +41,9 @@ class Database:
     dialect: str
     write_engine: AsyncEngine
     read_engine: AsyncEngine
+    # SQLite only: a synchronous engine for the store's writer thread, which runs each
+    # write transaction in one call instead of a thread hop per statement (aiosqlite).
+    sqlite_writer_engine: Engine | None = None
 
     @property
     def display_url(self) -> str:
@@ -79,7 +84,23 @@ class Database:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.25)
 
+    def run_write_sync(self, connection: Connection, work: Callable[[Connection], T]) -> T:
+        """`run_write` for the SQLite writer thread: one transaction, retried while busy."""
+        deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+        delay = 0.005
+        while True:
+            try:
+                with connection.begin():
+                    return work(connection)
+            except OperationalError as exc:
+                if not is_busy(exc) or time.monotonic() > deadline:
+                    raise translate_error(exc, self) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
     async def dispose(self) -> None:
+        if self.sqlite_writer_engine is not None:
+            self.sqlite_writer_engine.dispose()
         await self.write_engine.dispose()
         if self.read_engine is not self.write_engine:
             await self.read_engine.dispose()
@@ -114,11 +135,30 @@ def connect(url: URL) -> Database:
     """Engines for `url` (an async URL from `artstore.urls.resolve_url`)."""
     dialect = url.get_backend_name()
     if dialect == "sqlite":
-        # Two write connections: the store's writer keeps one; migrations, maintenance and
-        # tests take the other. SQLite itself lets one write at a time.
-        write_engine = _sqlite_engine(url, begin="BEGIN IMMEDIATE", pool_size=2)
-        read_engine = _sqlite_engine(url, begin="BEGIN", pool_size=4)
-        return Database(url, dialect, write_engine, read_engine)
+        write_engine = create_async_engine(
+            url,
+            pool_size=2,
+            max_overflow=0,
+            json_serializer=serialize,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
+        )
+        _configure_sqlite(write_engine.sync_engine, begin="BEGIN IMMEDIATE")
+        read_engine = create_async_engine(
+            url,
+            pool_size=4,
+            max_overflow=0,
+            json_serializer=serialize,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
+        )
+        _configure_sqlite(read_engine.sync_engine, begin="BEGIN")
+        writer = create_engine(
+            url.set(drivername="sqlite+pysqlite"),
+            poolclass=StaticPool,  # one connection, used by the writer thread alone
+            json_serializer=serialize,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+        )
+        _configure_sqlite(writer, begin="BEGIN IMMEDIATE")
+        return Database(url, dialect, write_engine, read_engine, writer)
     engine = create_async_engine(
         url,
         pool_size=8,
@@ -129,16 +169,8 @@ def connect(url: URL) -> Database:
     return Database(url, dialect, engine, engine)
 
 
-def _sqlite_engine(url: URL, *, begin: str, pool_size: int) -> AsyncEngine:
-    engine = create_async_engine(
-        url,
-        pool_size=pool_size,
-        max_overflow=0,
-        json_serializer=serialize,
-        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
-    )
-
-    @event.listens_for(engine.sync_engine, "connect")
+def _configure_sqlite(engine: Engine, *, begin: str) -> None:
+    @event.listens_for(engine, "connect")
     def configure(dbapi_connection, _record) -> None:
         # Take transaction control from the sqlite3 module so that our BEGIN is the one used.
         dbapi_connection.isolation_level = None
@@ -151,11 +183,9 @@ def _sqlite_engine(url: URL, *, begin: str, pool_size: int) -> AsyncEngine:
         _ensure_sqrt(dbapi_connection, cursor)
         cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def begin_transaction(connection) -> None:
         connection.exec_driver_sql(begin)
-
-    return engine
 
 
 def _ensure_sqrt(dbapi_connection, cursor) -> None:

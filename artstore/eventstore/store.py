@@ -18,13 +18,15 @@ import asyncio
 import contextlib
 import json
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -41,6 +43,8 @@ from artstore.eventstore.blobs import EncodedJson
 from artstore.eventstore.database import Database, translate_error
 from artstore.redaction import Redactor
 from artstore.schema.tables import EVENTS_APPEND_LOCK_KEY, blobs, events
+
+T = TypeVar("T")
 
 ANY: int | None = None  # expected_version: append whatever the stream's version
 NO_STREAM = 0  # expected_version: the stream must not exist yet
@@ -79,7 +83,8 @@ class AppendResult:
 
 
 # Called inside the appending transaction with the events just written: projections.
-Projector = Callable[[AsyncConnection, list[RecordedEvent]], Awaitable[None]]
+# Synchronous, so that a whole write transaction runs in one call.
+Projector = Callable[[Connection, list[RecordedEvent]], None]
 
 
 @dataclass
@@ -115,7 +120,9 @@ class EventStore:
         # here (key-like environment variables, and the keys of the models in use) and
         # rewritten before it is queued, whatever layer made the event.
         self.redact = Redactor()
-        self._connection: AsyncConnection | None = None  # the writer's own
+        self._connection: AsyncConnection | None = None  # the writer's own (PostgreSQL)
+        self._sync_connection: Connection | None = None  # the writer thread's (SQLite)
+        self._thread: ThreadPoolExecutor | None = None
 
     @property
     def dialect(self) -> str:
@@ -214,19 +221,19 @@ class EventStore:
                     self._queue.task_done()
 
     async def _write_batch(self, batch: list[_Append]) -> None:
-        async def fast(connection: AsyncConnection) -> None:
+        def fast(connection: Connection) -> None:
             for item in batch:
                 item.result, item.error, item.recorded = None, None, []
-            await self._write_fast(connection, batch)
+            self._write_fast(connection, batch)
 
-        async def one_by_one(connection: AsyncConnection) -> None:
+        def one_by_one(connection: Connection) -> None:
             # Each append alone in a savepoint, checked against the database: a conflict,
             # a retry or a duplicate fails (or succeeds) that append only.
             for item in batch:
                 item.result, item.error, item.recorded = None, None, []
                 try:
-                    async with connection.begin_nested():
-                        await self._write_checked(connection, item)
+                    with connection.begin_nested():
+                        self._write_checked(connection, item)
                 except (ArtstoreError, IntegrityError) as exc:
                     item.result, item.error = None, translate_error(exc, self.database)
                     self._heads.pop(item.stream_id, None)
@@ -249,39 +256,66 @@ class EventStore:
                 for digest in item.blobs:
                     self._remember_blob(digest)
 
-    async def _transaction(self, work: Callable[[AsyncConnection], Awaitable[None]]) -> None:
-        """Run `work` in one write transaction on the writer's own connection.
+    async def _transaction(self, work: Callable[[Connection], None]) -> None:
+        """Run `work` (synchronous SQL) as one write transaction, in one call.
 
-        The writer keeps one connection for its life (no pool checkout and reset per
-        transaction); it is replaced after any error that is not about the data.
+        SQLite: in the writer thread, on its own pysqlite connection (a thread hop per
+        transaction, not per statement). PostgreSQL: on the writer's own asyncpg
+        connection through `run_sync`, after taking the append lock. The connection is
+        kept for the store's life and replaced after an error that is not about the data.
         """
-
-        async def locked(connection: AsyncConnection) -> None:
-            if self.dialect == "postgresql":
-                await connection.execute(select(func.pg_advisory_xact_lock(EVENTS_APPEND_LOCK_KEY)))
-            await work(connection)
-
-        if self._connection is None:
-            self._connection = await self.database.write_engine.connect()
         try:
-            await self.database.run_write(locked, connection=self._connection)
+            if self.dialect == "sqlite":
+                await self._in_writer_thread(
+                    lambda: self.database.run_write_sync(self._sqlite_connection(), work)
+                )
+                return
+
+            def locked(connection: Connection) -> None:
+                connection.execute(select(func.pg_advisory_xact_lock(EVENTS_APPEND_LOCK_KEY)))
+                work(connection)
+
+            if self._connection is None:
+                self._connection = await self.database.write_engine.connect()
+            await self.database.run_write(
+                lambda connection: connection.run_sync(locked), connection=self._connection
+            )
         except BaseException as exc:
             about_the_data = isinstance(exc, (IntegrityError, ArtstoreError)) and not isinstance(
                 exc, DatabaseUnavailableError
             )
-            if about_the_data:
-                raise
-            connection, self._connection = self._connection, None
-            with contextlib.suppress(Exception):
-                await connection.close()
+            if not about_the_data:
+                await self._drop_connection()
             raise
 
-    async def _write_fast(self, connection: AsyncConnection, batch: list[_Append]) -> None:
+    def _sqlite_connection(self) -> Connection:
+        """The writer thread's connection (opened in that thread, on first use)."""
+        if self._sync_connection is None:
+            assert self.database.sqlite_writer_engine is not None
+            self._sync_connection = self.database.sqlite_writer_engine.connect()
+        return self._sync_connection
+
+    async def _in_writer_thread(self, call: Callable[[], T]) -> T:
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="artstore-sqlite-writer")
+        return await self.loop.run_in_executor(self._thread, call)
+
+    async def _drop_connection(self) -> None:
+        if self._sync_connection is not None:
+            connection, self._sync_connection = self._sync_connection, None
+            with contextlib.suppress(Exception):
+                await self._in_writer_thread(connection.close)
+        if self._connection is not None:
+            connection_, self._connection = self._connection, None
+            with contextlib.suppress(Exception):
+                await connection_.close()
+
+    def _write_fast(self, connection: Connection, batch: list[_Append]) -> None:
         """The whole batch in one INSERT, with versions from the cached stream heads."""
         streams = {item.stream_id for item in batch}
         # Only this batch's heads: copying the whole cache (up to 100,000) costs milliseconds.
         heads = {stream: self._heads[stream] for stream in streams if stream in self._heads}
-        heads.update(await _stream_heads(connection, streams - heads.keys()))
+        heads.update(_stream_heads(connection, streams - heads.keys()))
         rows: list[dict[str, Any]] = []
         for item in batch:
             head = heads.get(item.stream_id, 0)
@@ -290,8 +324,8 @@ class EventStore:
             for offset, row in enumerate(item.rows, start=1):
                 rows.append({**row, "version": head + offset})
             heads[item.stream_id] = head + len(item.rows)
-        positions = await _insert_events(connection, rows)
-        await self._insert_blobs(connection, batch)
+        positions = _insert_events(connection, rows)
+        self._insert_blobs(connection, batch)
         start = 0
         for item in batch:
             mine = positions[start : start + len(item.rows)]
@@ -299,17 +333,15 @@ class EventStore:
             start += len(item.rows)
             item.result = AppendResult(item.stream_id, item.recorded[-1].version, mine, True)
         if self._projector is not None:
-            await self._projector(connection, [e for item in batch for e in item.recorded])
+            self._projector(connection, [e for item in batch for e in item.recorded])
 
-    async def _write_checked(self, connection: AsyncConnection, item: _Append) -> None:
+    def _write_checked(self, connection: Connection, item: _Append) -> None:
         """One append, checked for a retry, a partial duplicate and its expected version."""
         ids = [row["event_id"] for row in item.rows]
-        existing = (
-            await connection.execute(
-                select(events.c.event_id, events.c.stream_id, events.c.version, events.c.position)
-                .where(events.c.event_id.in_(ids))
-                .order_by(events.c.position)
-            )
+        existing = connection.execute(
+            select(events.c.event_id, events.c.stream_id, events.c.version, events.c.position)
+            .where(events.c.event_id.in_(ids))
+            .order_by(events.c.position)
         ).all()
         if existing:
             if len(existing) == len(ids) and all(r.stream_id == item.stream_id for r in existing):
@@ -322,18 +354,18 @@ class EventStore:
                 f"{item.stream_id!r} are already stored (in stream {existing[0].stream_id!r}): "
                 "a retry must resend exactly the same events; nothing was written"
             )
-        head = (await _stream_heads(connection, {item.stream_id})).get(item.stream_id, 0)
+        head = _stream_heads(connection, {item.stream_id}).get(item.stream_id, 0)
         if item.expected_version is not None and item.expected_version != head:
             raise WrongExpectedVersionError(item.stream_id, item.expected_version, head)
         rows = [{**row, "version": head + n} for n, row in enumerate(item.rows, start=1)]
-        positions = await _insert_events(connection, rows)
-        await self._insert_blobs(connection, [item])
+        positions = _insert_events(connection, rows)
+        self._insert_blobs(connection, [item])
         item.recorded = _recorded(rows, positions)
         item.result = AppendResult(item.stream_id, rows[-1]["version"], positions, True)
         if self._projector is not None:
-            await self._projector(connection, item.recorded)
+            self._projector(connection, item.recorded)
 
-    async def _insert_blobs(self, connection: AsyncConnection, batch: list[_Append]) -> None:
+    def _insert_blobs(self, connection: Connection, batch: list[_Append]) -> None:
         new = {}
         for item in batch:
             for digest, body in item.blobs.items():
@@ -344,7 +376,7 @@ class EventStore:
         rows = [{"hash": h, "body": b, "size": len(b)} for h, b in new.items()]
         dialect = postgresql if self.dialect == "postgresql" else sqlite
         statement = dialect.insert(blobs).on_conflict_do_nothing(index_elements=["hash"])
-        await connection.execute(statement, rows)
+        connection.execute(statement, rows)
 
     def _remember_head(self, stream_id: str, version: int) -> None:
         self._heads[stream_id] = version
@@ -409,7 +441,8 @@ class EventStore:
 
     async def stream_version(self, stream_id: str) -> int:
         async with self.database.read() as connection:
-            return (await _stream_heads(connection, {stream_id})).get(stream_id, 0)
+            heads = await connection.run_sync(_stream_heads, {stream_id})
+        return heads.get(stream_id, 0)
 
     async def last_position(self) -> int:
         async with self.database.read() as connection:
@@ -431,12 +464,17 @@ class EventStore:
 
     async def _refresh_statistics(self) -> None:
         self._events_since_statistics = 0
-        if self.dialect != "sqlite" or self._connection is None:
+        if self.dialect != "sqlite" or self._sync_connection is None:
             return
+
+        def analyze(connection: Connection) -> None:
+            connection.exec_driver_sql("PRAGMA analysis_limit=1000")
+            connection.exec_driver_sql("ANALYZE")
+
         with contextlib.suppress(Exception):  # statistics help; they must never cost a write
-            async with self._connection.begin():
-                await self._connection.exec_driver_sql("PRAGMA analysis_limit=1000")
-                await self._connection.exec_driver_sql("ANALYZE")
+            await self._in_writer_thread(
+                lambda: self.database.run_write_sync(self._sqlite_connection(), analyze)
+            )
 
     async def close(self) -> None:
         """Write everything queued, then release every connection."""
@@ -452,9 +490,9 @@ class EventStore:
                 self._writer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._writer
-            if self._connection is not None:
-                with contextlib.suppress(Exception):
-                    await self._connection.close()
+            await self._drop_connection()
+            if self._thread is not None:
+                self._thread.shutdown(wait=True)
             await self.database.dispose()
 
     async def __aenter__(self):
@@ -482,7 +520,7 @@ def _event_row(stream_id: str, event: Event, redact: Redactor) -> dict[str, Any]
     }
 
 
-async def _stream_heads(connection: AsyncConnection, stream_ids: set[str]) -> dict[str, int]:
+def _stream_heads(connection: Connection, stream_ids: set[str]) -> dict[str, int]:
     if not stream_ids:
         return {}
     query = (
@@ -490,23 +528,23 @@ async def _stream_heads(connection: AsyncConnection, stream_ids: set[str]) -> di
         .where(events.c.stream_id.in_(sorted(stream_ids)))
         .group_by(events.c.stream_id)
     )
-    return {stream_id: version for stream_id, version in await connection.execute(query)}
+    return {stream_id: version for stream_id, version in connection.execute(query)}
 
 
-async def _insert_events(connection: AsyncConnection, rows: list[dict[str, Any]]) -> list[int]:
+def _insert_events(connection: Connection, rows: list[dict[str, Any]]) -> list[int]:
     if connection.dialect.name == "sqlite":
         # SQLAlchemy cannot batch an ordered RETURNING on SQLite (it sends one INSERT per
         # row, each a thread hop of aiosqlite): insert in batched statements, unordered, and
         # match positions by event id (unique in a successful insert). The one writer
         # numbers rows in the order given; checked, since SQLite does not promise it.
         statement = events.insert().returning(events.c.event_id, events.c.position)
-        by_id = dict((await connection.execute(statement, rows)).all())
+        by_id = dict(connection.execute(statement, rows).all())
         positions = [by_id[row["event_id"]] for row in rows]
         if positions != sorted(set(positions)):
             raise ArtstoreError("SQLite numbered a batch of events out of order; nothing written")
         return positions
     statement = events.insert().returning(events.c.position, sort_by_parameter_order=True)
-    return [row.position for row in await connection.execute(statement, rows)]
+    return [row.position for row in connection.execute(statement, rows)]
 
 
 def _recorded(rows: list[dict[str, Any]], positions: list[int]) -> list[RecordedEvent]:

@@ -1,12 +1,16 @@
-"""One handler per event type, writing the projection tables in the appending transaction."""
+"""One handler per event type, writing the projection tables in the appending transaction.
+
+Handlers are synchronous SQLAlchemy Core: the event store runs a whole write transaction
+in one call (on SQLite, in its writer thread; on PostgreSQL through `run_sync`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
 from artstore.errors import GroupAlreadyConsumedError
 from artstore.events import (
@@ -32,7 +36,7 @@ from artstore.projections.imported import blob_hashes, imported_message_rows, lo
 from artstore.projections.trajectories import load_calls, merge_conversations, message_rows
 from artstore.schema import tables as t
 
-Handler = Callable[[AsyncConnection, Any, RecordedEvent], Awaitable[None]]
+Handler = Callable[[Connection, Any, RecordedEvent], None]
 HANDLERS: dict[str, Handler] = {}
 
 
@@ -44,25 +48,25 @@ def handles(event_class: type[Event]):
     return register
 
 
-async def project(connection: AsyncConnection, recorded: list[RecordedEvent]) -> None:
+def project(connection: Connection, recorded: list[RecordedEvent]) -> None:
     """Apply each event to the projection tables (events without a handler are skipped)."""
     for event in recorded:
         handler = HANDLERS.get(event.type)
         if handler is not None:
-            await handler(connection, event.decode(), event)
+            handler(connection, event.decode(), event)
 
 
-async def rebuild(connection: AsyncConnection, page_size: int = 2000) -> int:
+def rebuild(connection: Connection, page_size: int = 2000) -> int:
     """Empty every projection table and replay the whole event log into them."""
     if connection.dialect.name == "postgresql":
         # Hold appenders off: an append projected meanwhile would update deleted rows.
-        await connection.execute(select(func.pg_advisory_xact_lock(t.EVENTS_APPEND_LOCK_KEY)))
+        connection.execute(select(func.pg_advisory_xact_lock(t.EVENTS_APPEND_LOCK_KEY)))
     for table in reversed(t.PROJECTION_TABLES):
-        await connection.execute(delete(table))
+        connection.execute(delete(table))
     after, count = 0, 0
     while True:
         rows = (
-            await connection.execute(
+            connection.execute(
                 select(t.events)
                 .where(t.events.c.position > after)
                 .order_by(t.events.c.position)
@@ -72,7 +76,7 @@ async def rebuild(connection: AsyncConnection, page_size: int = 2000) -> int:
         if not rows:
             return count
         page = [recorded_from_row(row) for row in rows]
-        await project(connection, page)
+        project(connection, page)
         after, count = page[-1].position, count + len(page)
 
 
@@ -80,8 +84,8 @@ async def rebuild(connection: AsyncConnection, page_size: int = 2000) -> int:
 
 
 @handles(RunStarted)
-async def _run_started(c: AsyncConnection, e: RunStarted, r: RecordedEvent) -> None:
-    await c.execute(
+def _run_started(c: Connection, e: RunStarted, r: RecordedEvent) -> None:
+    c.execute(
         t.runs.insert().values(
             run=e.run,
             project=e.project,
@@ -99,18 +103,18 @@ async def _run_started(c: AsyncConnection, e: RunStarted, r: RecordedEvent) -> N
 
 
 @handles(RunResumed)
-async def _run_resumed(c: AsyncConnection, e: RunResumed, r: RecordedEvent) -> None:
+def _run_resumed(c: Connection, e: RunResumed, r: RecordedEvent) -> None:
     changes: dict[str, Any] = {"status": "running", "trainer": e.trainer}
     if e.config is not None:  # resumed with more epochs: the run's configuration now
         changes["config"] = e.config
-    await c.execute(
+    c.execute(
         update(t.runs).where(t.runs.c.run == e.run).values(**changes, finished_at=None, error=None)
     )
 
 
 @handles(RunFinished)
-async def _run_finished(c: AsyncConnection, e: RunFinished, r: RecordedEvent) -> None:
-    await c.execute(
+def _run_finished(c: Connection, e: RunFinished, r: RecordedEvent) -> None:
+    c.execute(
         update(t.runs)
         .where(t.runs.c.run == e.run)
         .values(status=e.status, error=e.error, finished_at=r.recorded_at)
@@ -121,8 +125,8 @@ async def _run_finished(c: AsyncConnection, e: RunFinished, r: RecordedEvent) ->
 
 
 @handles(RolloutStarted)
-async def _rollout_started(c: AsyncConnection, e: RolloutStarted, r: RecordedEvent) -> None:
-    await c.execute(
+def _rollout_started(c: Connection, e: RolloutStarted, r: RecordedEvent) -> None:
+    c.execute(
         t.rollouts.insert().values(
             rollout_id=e.rollout_id,
             run=e.run,
@@ -141,10 +145,10 @@ async def _rollout_started(c: AsyncConnection, e: RolloutStarted, r: RecordedEve
 
 
 @handles(LLMCall)
-async def _llm_call(c: AsyncConnection, e: LLMCall, r: RecordedEvent) -> None:
+def _llm_call(c: Connection, e: LLMCall, r: RecordedEvent) -> None:
     rollout_id = r.stream_id.removeprefix("rollout-")
     prompt, completion = e.prompt_tokens, e.completion_tokens
-    await c.execute(
+    c.execute(
         t.llm_calls.insert().values(
             call_id=e.call_id,
             rollout_id=rollout_id,
@@ -165,7 +169,7 @@ async def _llm_call(c: AsyncConnection, e: LLMCall, r: RecordedEvent) -> None:
             position=r.position,
         )
     )
-    await c.execute(
+    c.execute(
         update(t.rollouts)
         .where(t.rollouts.c.rollout_id == rollout_id)
         .values(num_llm_calls=t.rollouts.c.num_llm_calls + 1)
@@ -173,27 +177,27 @@ async def _llm_call(c: AsyncConnection, e: LLMCall, r: RecordedEvent) -> None:
 
 
 @handles(RolloutFinished)
-async def _rollout_finished(c: AsyncConnection, e: RolloutFinished, r: RecordedEvent) -> None:
-    await c.execute(
+def _rollout_finished(c: Connection, e: RolloutFinished, r: RecordedEvent) -> None:
+    c.execute(
         update(t.rollouts)
         .where(t.rollouts.c.rollout_id == e.rollout_id)
         .values(
             status="finished", result=e.result, finished_at=r.recorded_at, duration_s=e.duration_s
         )
     )
-    await _project_trajectory_messages(c, e.rollout_id)
+    _project_trajectory_messages(c, e.rollout_id)
 
 
-async def _project_trajectory_messages(c: AsyncConnection, rollout_id: str) -> None:
-    calls = (await load_calls(c, [rollout_id]))[rollout_id]
+def _project_trajectory_messages(c: Connection, rollout_id: str) -> None:
+    calls = (load_calls(c, [rollout_id]))[rollout_id]
     rows = message_rows(rollout_id, merge_conversations(calls))
     if rows:
-        await c.execute(t.trajectory_messages.insert(), rows)
+        c.execute(t.trajectory_messages.insert(), rows)
 
 
 @handles(RolloutFailed)
-async def _rollout_failed(c: AsyncConnection, e: RolloutFailed, r: RecordedEvent) -> None:
-    await c.execute(
+def _rollout_failed(c: Connection, e: RolloutFailed, r: RecordedEvent) -> None:
+    c.execute(
         update(t.rollouts)
         .where(t.rollouts.c.rollout_id == e.rollout_id)
         .values(
@@ -210,8 +214,8 @@ async def _rollout_failed(c: AsyncConnection, e: RolloutFailed, r: RecordedEvent
 
 
 @handles(GroupSealed)
-async def _group_sealed(c: AsyncConnection, e: GroupSealed, r: RecordedEvent) -> None:
-    await c.execute(
+def _group_sealed(c: Connection, e: GroupSealed, r: RecordedEvent) -> None:
+    c.execute(
         t.groups.insert().values(
             group_id=e.group_id,
             run=e.run,
@@ -228,7 +232,7 @@ async def _group_sealed(c: AsyncConnection, e: GroupSealed, r: RecordedEvent) ->
 
 
 @handles(RewardsRecorded)
-async def _rewards_recorded(c: AsyncConnection, e: RewardsRecorded, r: RecordedEvent) -> None:
+def _rewards_recorded(c: Connection, e: RewardsRecorded, r: RecordedEvent) -> None:
     rows = [
         {
             "rollout_id": rollout_id,
@@ -243,15 +247,15 @@ async def _rewards_recorded(c: AsyncConnection, e: RewardsRecorded, r: RecordedE
         for rollout_id, reward in e.rewards.items()
     ]
     if rows:
-        await c.execute(t.rewards.insert(), rows)
+        c.execute(t.rewards.insert(), rows)
 
 
 # --- training ---------------------------------------------------------------------------
 
 
 @handles(TrainStepStarted)
-async def _train_step_started(c: AsyncConnection, e: TrainStepStarted, r: RecordedEvent) -> None:
-    await c.execute(
+def _train_step_started(c: Connection, e: TrainStepStarted, r: RecordedEvent) -> None:
+    c.execute(
         t.train_steps.insert().values(
             run=e.run,
             model=e.model,
@@ -266,9 +270,9 @@ async def _train_step_started(c: AsyncConnection, e: TrainStepStarted, r: Record
     )
 
 
-async def _open_step_id(c: AsyncConnection, run: str, model: str) -> int | None:
+def _open_step_id(c: Connection, run: str, model: str) -> int | None:
     return (
-        await c.execute(
+        c.execute(
             select(t.train_steps.c.id)
             .where(
                 t.train_steps.c.run == run,
@@ -282,11 +286,9 @@ async def _open_step_id(c: AsyncConnection, run: str, model: str) -> int | None:
 
 
 @handles(TrainStepCompleted)
-async def _train_step_completed(
-    c: AsyncConnection, e: TrainStepCompleted, r: RecordedEvent
-) -> None:
+def _train_step_completed(c: Connection, e: TrainStepCompleted, r: RecordedEvent) -> None:
     already = (
-        await c.execute(
+        c.execute(
             select(t.group_consumptions.c.group_id, t.group_consumptions.c.step).where(
                 t.group_consumptions.c.model == e.model,
                 t.group_consumptions.c.group_id.in_(e.group_ids),
@@ -307,9 +309,9 @@ async def _train_step_completed(
         "finished_at": r.recorded_at,
         "duration_s": e.duration_s,
     }
-    step_id = await _open_step_id(c, e.run, e.model)
+    step_id = _open_step_id(c, e.run, e.model)
     if step_id is None:  # reconciled after a crash, or recorded by a replay of its own
-        await c.execute(
+        c.execute(
             t.train_steps.insert().values(
                 run=e.run,
                 model=e.model,
@@ -321,8 +323,8 @@ async def _train_step_completed(
             )
         )
     else:
-        await c.execute(update(t.train_steps).where(t.train_steps.c.id == step_id).values(values))
-    await c.execute(
+        c.execute(update(t.train_steps).where(t.train_steps.c.id == step_id).values(values))
+    c.execute(
         t.group_consumptions.insert(),
         [
             {
@@ -340,10 +342,10 @@ async def _train_step_completed(
 
 
 @handles(TrainStepFailed)
-async def _train_step_failed(c: AsyncConnection, e: TrainStepFailed, r: RecordedEvent) -> None:
-    step_id = await _open_step_id(c, e.run, e.model)
+def _train_step_failed(c: Connection, e: TrainStepFailed, r: RecordedEvent) -> None:
+    step_id = _open_step_id(c, e.run, e.model)
     if step_id is not None:
-        await c.execute(
+        c.execute(
             update(t.train_steps)
             .where(t.train_steps.c.id == step_id)
             .values(
@@ -356,8 +358,8 @@ async def _train_step_failed(c: AsyncConnection, e: TrainStepFailed, r: Recorded
 
 
 @handles(CheckpointPushed)
-async def _checkpoint_pushed(c: AsyncConnection, e: CheckpointPushed, r: RecordedEvent) -> None:
-    await c.execute(
+def _checkpoint_pushed(c: Connection, e: CheckpointPushed, r: RecordedEvent) -> None:
+    c.execute(
         update(t.train_steps)
         .where(
             t.train_steps.c.run == e.run,
@@ -372,9 +374,9 @@ async def _checkpoint_pushed(c: AsyncConnection, e: CheckpointPushed, r: Recorde
 
 
 @handles(RunImported)
-async def _run_imported(c: AsyncConnection, e: RunImported, r: RecordedEvent) -> None:
-    if (await c.execute(select(t.runs.c.run).where(t.runs.c.run == e.run))).first() is None:
-        await c.execute(
+def _run_imported(c: Connection, e: RunImported, r: RecordedEvent) -> None:
+    if (c.execute(select(t.runs.c.run).where(t.runs.c.run == e.run))).first() is None:
+        c.execute(
             t.runs.insert().values(
                 run=e.run,
                 project=e.project,
@@ -392,17 +394,17 @@ async def _run_imported(c: AsyncConnection, e: RunImported, r: RecordedEvent) ->
 
 
 @handles(TrajectoryImported)
-async def _trajectory_imported(c: AsyncConnection, e: TrajectoryImported, r: RecordedEvent) -> None:
+def _trajectory_imported(c: Connection, e: TrajectoryImported, r: RecordedEvent) -> None:
     # Follows the rollout's end: messages are projected for a finished rollout only, as
     # `_rollout_finished` does for a recorded one.
     status = (
-        await c.execute(
+        c.execute(
             update(t.rollouts)
             .where(t.rollouts.c.rollout_id == e.rollout_id)
             .values(imported=True)
             .returning(t.rollouts.c.status)
         )
     ).scalar()
-    rows = imported_message_rows(e, await load_bodies(c, blob_hashes([e])))
+    rows = imported_message_rows(e, load_bodies(c, blob_hashes([e])))
     if rows and status == "finished":
-        await c.execute(t.trajectory_messages.insert(), rows)
+        c.execute(t.trajectory_messages.insert(), rows)

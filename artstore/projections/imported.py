@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
 from artstore.events import TrajectoryImported
 from artstore.schema.tables import blobs
@@ -34,7 +34,7 @@ def blob_hashes(events: Iterable[TrajectoryImported]) -> set[str]:
     return found
 
 
-async def load_bodies(connection: AsyncConnection, hashes: Iterable[str]) -> dict[str, Any]:
+def load_bodies(connection: Connection, hashes: Iterable[str]) -> dict[str, Any]:
     """The JSON documents stored under `hashes`."""
     wanted = list(dict.fromkeys(hashes))
     found: dict[str, Any] = {}
@@ -42,7 +42,7 @@ async def load_bodies(connection: AsyncConnection, hashes: Iterable[str]) -> dic
         query = select(blobs.c.hash, blobs.c.body).where(
             blobs.c.hash.in_(wanted[start : start + 500])
         )
-        for row in await connection.execute(query):
+        for row in connection.execute(query):
             found[row.hash] = json.loads(row.body)
     return found
 

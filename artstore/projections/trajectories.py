@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic_core
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
 from artstore.capture.messages import count_logprobs, from_json
 from artstore.schema.tables import blobs, events
@@ -105,7 +105,8 @@ class StoredCalls:
         self.bodies = bodies
 
     @classmethod
-    async def load(cls, connection: AsyncConnection, rollout_ids: Iterable[str]) -> StoredCalls:
+    def load(cls, connection: Connection, rollout_ids: Iterable[str]) -> StoredCalls:
+        """Read (synchronously: inside a write, or through `AsyncConnection.run_sync`)."""
         streams = {f"rollout-{rollout_id}": rollout_id for rollout_id in rollout_ids}
         by_rollout: dict[str, list[dict[str, Any]]] = {
             rollout_id: [] for rollout_id in streams.values()
@@ -120,7 +121,7 @@ class StoredCalls:
                 )
                 .order_by(events.c.stream_id, events.c.version)
             )
-            for row in await connection.execute(query):
+            for row in connection.execute(query):
                 data = _as_dict(row.data)
                 if data.get("output"):  # failed calls: ART never sees them
                     by_rollout[streams[row.stream_id]].append(data)
@@ -131,7 +132,7 @@ class StoredCalls:
             for h in [*data["input"], data["output"], data.get("tools")]
             if h
         }
-        return cls(by_rollout, await _blob_bodies(connection, hashes))
+        return cls(by_rollout, _blob_bodies(connection, hashes))
 
     def calls(self, rollout_id: str) -> list[Call]:
         """One rollout's calls as LangChain messages, in order."""
@@ -161,22 +162,20 @@ class StoredCalls:
         ]
 
 
-async def load_calls(
-    connection: AsyncConnection, rollout_ids: Iterable[str]
-) -> dict[str, list[Call]]:
+def load_calls(connection: Connection, rollout_ids: Iterable[str]) -> dict[str, list[Call]]:
     """The successful LLM calls of each rollout, rebuilt as LangChain messages."""
-    stored = await StoredCalls.load(connection, rollout_ids)
+    stored = StoredCalls.load(connection, rollout_ids)
     return {rollout_id: stored.calls(rollout_id) for rollout_id in stored.by_rollout}
 
 
-async def _blob_bodies(connection: AsyncConnection, hashes: set[str]) -> dict[str, str]:
+def _blob_bodies(connection: Connection, hashes: set[str]) -> dict[str, str]:
     wanted = sorted(hashes)
     bodies: dict[str, str] = {}
     for start in range(0, len(wanted), 500):
         query = select(blobs.c.hash, blobs.c.body).where(
             blobs.c.hash.in_(wanted[start : start + 500])
         )
-        bodies.update({row.hash: row.body for row in await connection.execute(query)})
+        bodies.update({row.hash: row.body for row in connection.execute(query)})
     return bodies
 
 
