@@ -1,8 +1,10 @@
 """Engines for one database, with each dialect's settings, and driver errors mapped to ours.
 
-SQLite: WAL, a busy timeout, `BEGIN IMMEDIATE` for writes (one writer connection per
-process) and plain `BEGIN` for reads, so readers never block the writer and a write never
-fails half-way for lack of the lock. PostgreSQL: one asyncpg pool for both.
+SQLite: WAL, a busy timeout, `BEGIN IMMEDIATE` for writes and plain `BEGIN` for reads, so
+readers never block the writer and a write never fails half-way for lack of the lock. The
+store's writer has a synchronous pysqlite engine of its own (one connection, used from
+one thread); reads, migrations and maintenance use aiosqlite. PostgreSQL: one asyncpg
+pool for everything.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@
 everything queued while its previous transaction ran and writes it in one transaction
 (group commit): many concurrent single-event appenders cost few commits. Each append is
 still atomic (a savepoint of its own when the batch has to be taken apart), idempotent by
-its client-made event ids, and checked against its expected stream version.
+its client-made event ids, and checked against its expected stream version. A write
+transaction (events, blobs, and the projections of the events) is synchronous SQL run in
+one call: in the writer thread on SQLite, through `run_sync` on PostgreSQL.
 
 Global positions are commit-ordered on both databases, so a reader catching up with
 `read_all(after=...)` sees every committed event exactly once, in order (invariant 3):
