@@ -12,7 +12,6 @@ from sqlalchemy import select, text
 from artstore.errors import DatabaseUnavailableError, NotFoundError
 from artstore.eventstore.database import Database, check_reachable, connect, translate_error
 from artstore.eventstore.store import EventStore
-from artstore.projections import project
 from artstore.schema import migrate
 from artstore.schema import tables as t
 from artstore.urls import resolve_url
@@ -179,6 +178,8 @@ async def open_store(url: str | None = None, *, migrate_schema: bool = True) -> 
     except BaseException:
         await database.dispose()
         raise
+    from artstore.projections import project  # LangChain's messages: not for `--help`
+
     return Store(database, projector=project)
 
 

@@ -103,23 +103,18 @@ def fail(message: str) -> typer.Exit:
 
 
 def _register_commands() -> None:
-    from artstore.cli import db, sql
+    # In the order a user reaches for them: replay first (DESIGN.md), schema last.
+    from artstore.cli import db, demo, exchange, replay, rescore, runs, sql
 
-    app.add_typer(db.app, name="db")
-    app.command("sql")(sql.sql)
-
-    from artstore.cli import demo, replay, rescore, runs
-
-    app.command("runs")(runs.runs)
-    app.command("show")(runs.show)
     app.command("replay")(replay.replay)
     app.command("rescore")(rescore.rescore)
-    app.command("demo")(demo.demo)
-
-    from artstore.cli import exchange
-
+    app.command("runs")(runs.runs)
+    app.command("show")(runs.show)
+    app.command("sql")(sql.sql)
     app.command("export")(exchange.export)
     app.command("import")(exchange.import_)
+    app.command("demo")(demo.demo)
+    app.add_typer(db.app, name="db")
 
 
 _register_commands()
