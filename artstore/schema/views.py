@@ -33,10 +33,12 @@ from sqlalchemy import (
     String,
     and_,
     case,
+    column,
     exists,
     func,
     literal,
     select,
+    table,
     true,
 )
 from sqlalchemy.engine import Dialect
@@ -44,7 +46,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ColumnElement, Select
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
-from sqlalchemy.sql.selectable import TableValuedAlias
+from sqlalchemy.sql.selectable import TableClause, TableValuedAlias
 
 from artstore.schema import tables as t
 
@@ -788,6 +790,24 @@ class View:
     def columns(self) -> list[str]:
         return [column.name for column in self.query.selected_columns]
 
+    @property
+    def json_columns(self) -> list[str]:
+        """The columns that hold JSON (`config`, `metrics`, `tool_calls`...)."""
+        return [
+            selected.name
+            for selected in self.query.selected_columns
+            if isinstance(getattr(selected, "element", selected), json_or_null | json_member)
+        ]
+
+    def as_table(self) -> TableClause:
+        """The view as a table to select from with SQLAlchemy Core; its JSON columns are
+        typed JSON, so they come back decoded (dicts and lists) from both databases."""
+        json_columns = set(self.json_columns)
+        return table(
+            self.name,
+            *(column(name, t.Json if name in json_columns else None) for name in self.columns),
+        )
+
 
 VIEWS: tuple[View, ...] = (
     View("v_runs", "one row per run, with counts of its rollouts, groups and steps", _v_runs()),
@@ -801,6 +821,19 @@ VIEWS: tuple[View, ...] = (
     View("v_train_step_metrics", "one row per train step and metric", _v_train_step_metrics()),
     View("v_trajectory_messages", "one row per trajectory message", _v_trajectory_messages()),
 )
+
+
+VIEWS_BY_NAME = {view.name: view for view in VIEWS}
+
+
+def view_table(name: str) -> TableClause:
+    """`VIEWS_BY_NAME[name].as_table()`: a view to query, e.g. `select(view_table("v_runs"))`."""
+    return VIEWS_BY_NAME[name].as_table()
+
+
+def json_column_names() -> frozenset[str]:
+    """Names of the columns that hold JSON in any view."""
+    return frozenset(name for view in VIEWS for name in view.json_columns)
 
 
 def create_statements(dialect: Dialect) -> list[str]:
