@@ -4,6 +4,9 @@ The lease is a lock the operating system or the database releases when the proce
 (SIGKILL included), so a crashed trainer never blocks its own resume:
 - PostgreSQL: a session-level advisory lock held on a dedicated connection;
 - SQLite: an exclusive `flock` on a file beside the database.
+
+`trainers_gone` tells, without taking any lock, which runs recorded as running have lost
+their trainer (`artstore runs` shows them as `stale`).
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -71,3 +75,45 @@ async def trainer_lease(database: Database, run: str, model: str) -> AsyncIterat
         yield
     finally:
         os.close(handle)  # closing releases the lock
+
+
+async def trainers_gone(
+    database: Database, runs: Iterable[tuple[str, str, str | None]]
+) -> set[str]:
+    """Which of `runs`, given as (run, "project/model", trainer "host:pid"), have no live
+    trainer. Only a lock-free look: a starting trainer is never disturbed.
+
+    PostgreSQL: no session holds the model's trainer lock (on any host). SQLite: the
+    trainer ran on this host and its process is gone (a trainer on another host is
+    presumed alive: this host cannot see its processes).
+    """
+    runs = list(runs)
+    if not runs:
+        return set()
+    if database.dialect == "postgresql":
+        async with database.read() as connection:
+            held = {
+                (row.classid << 32) | row.objid
+                for row in await connection.execute(
+                    text(
+                        "SELECT classid::bigint AS classid, objid::bigint AS objid FROM pg_locks "
+                        "WHERE locktype = 'advisory' AND objsubid = 1 AND granted"
+                    )
+                )
+            }
+        return {run for run, model, _ in runs if _lock_key(model) not in held}
+    return {run for run, _, trainer in runs if _process_gone(trainer)}
+
+
+def _process_gone(trainer: str | None) -> bool:
+    """True when `trainer` ("host:pid") names a process of this host that no longer runs."""
+    host, _, pid = (trainer or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # it exists, under another user
+        return False
+    return False

@@ -1,7 +1,8 @@
 """What a run did, read from the projection tables: for `artstore runs` and `artstore show`.
 
-Plain SQLAlchemy Core queries; every function returns JSON-ready dicts (times as ISO
-8601 text in UTC), so the command line only formats them.
+Plain SQLAlchemy Core queries; every function returns JSON-ready dicts, so the command
+line only formats them. Times are UTC text in the views' format, `YYYY-MM-DD
+HH:MM:SS.ffffff`, the one timestamp format of artstore's output.
 """
 
 from __future__ import annotations
@@ -36,12 +37,16 @@ PREFERRED_METRICS = (
 )
 
 
-def iso(value: datetime | None) -> str | None:
+TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # as the views show times (README, "SQL views")
+
+
+def timestamp_text(value: datetime | None) -> str | None:
+    """A time as UTC text, `YYYY-MM-DD HH:MM:SS.ffffff` (sorts in time order)."""
     if value is None:
         return None
     if value.tzinfo is None:  # SQLite keeps no zone; the store writes UTC
         value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).isoformat()
+    return value.astimezone(UTC).strftime(TIMESTAMP_FORMAT)
 
 
 def own_models(run: Any) -> set[str]:
@@ -61,7 +66,13 @@ def _latest_rewards():
 
 
 async def list_runs(store: Store) -> list[Row]:
-    """One row per run: its model, status, steps, groups, rollouts and latest reward."""
+    """One row per run: its model, status, steps, groups, rollouts and latest reward.
+
+    A run recorded as running whose trainer is gone has the status `stale`
+    (`artstore.training.lease.trainers_gone`).
+    """
+    from artstore.training.lease import trainers_gone
+
     ru, ro, g, gc, ts = t.runs, t.rollouts, t.groups, t.group_consumptions, t.train_steps
     async with store.database.read() as c:
         runs = (await c.execute(select(ru).order_by(ru.c.started_at, ru.c.run))).all()
@@ -90,6 +101,10 @@ async def list_runs(store: Store) -> list[Row]:
             )
         }
         batch_rewards = await _batch_reward_means(c)
+    stale = await trainers_gone(
+        store.database,
+        ((r.run, f"{r.project}/{r.model}", r.trainer) for r in runs if r.status == "running"),
+    )
     result = []
     for run in runs:
         models = own_models(run)
@@ -100,7 +115,7 @@ async def list_runs(store: Store) -> list[Row]:
             {
                 "run": run.run,
                 "model": f"{run.project}/{run.model}",
-                "status": run.status,
+                "status": "stale" if run.run in stale else run.status,
                 "steps": sum(n for n, _ in own_steps),
                 "step": max((last for _, last in own_steps if last is not None), default=None),
                 "groups_sealed": groups.get(run.run, 0),
@@ -111,8 +126,8 @@ async def list_runs(store: Store) -> list[Row]:
                 "scorer": run.scorer,
                 "last_batch": last_batch,
                 "last_batch_reward_mean": by_batch.get(last_batch) if by_batch else None,
-                "started_at": iso(run.started_at),
-                "finished_at": iso(run.finished_at),
+                "started_at": timestamp_text(run.started_at),
+                "finished_at": timestamp_text(run.finished_at),
             }
         )
     return result
@@ -147,10 +162,17 @@ async def describe_run(store: Store, run: str) -> dict[str, Any]:
     Sections: "run" (one dict), then lists of rows: "steps", "groups", "rewards",
     "consumption", "failures".
     """
+    from artstore.training.lease import trainers_gone
+
     info = await run_info(store, run)
+    stale = info.status == "running" and bool(
+        await trainers_gone(
+            store.database, [(info.run, f"{info.project}/{info.model}", info.trainer)]
+        )
+    )
     async with store.database.read() as c:
         return {
-            "run": await _run_section(c, info),
+            "run": {**await _run_section(c, info), **({"status": "stale"} if stale else {})},
             "steps": await _steps_section(c, run),
             "groups": await _groups_section(c, run),
             "rewards": await _rewards_section(c, run),
@@ -168,6 +190,7 @@ async def _run_section(c: AsyncConnection, info: Any) -> Row:
             )
         ).all()
     )
+    by_batch = (await _batch_reward_means(c, info.run)).get(info.run, {})
     return {
         "run": info.run,
         "model": f"{info.project}/{info.model}",
@@ -182,8 +205,15 @@ async def _run_section(c: AsyncConnection, info: Any) -> Row:
         "rollouts_finished": counts.get("finished", 0),
         "rollouts_failed": counts.get("failed", 0),
         "rollouts_running": counts.get("running", 0),
-        "started_at": iso(info.started_at),
-        "finished_at": iso(info.finished_at),
+        "started_at": timestamp_text(info.started_at),
+        "finished_at": timestamp_text(info.finished_at),
+        # The mean latest reward (by the run's scorer) of each batch's policy rollouts.
+        "reward_per_batch": [
+            {"batch": batch, "reward_mean": mean}
+            for batch, mean in sorted(
+                by_batch.items(), key=lambda item: -1 if item[0] is None else item[0]
+            )
+        ],
     }
 
 
@@ -236,7 +266,7 @@ async def _steps_section(c: AsyncConnection, run: str) -> list[Row]:
                 "pushed_to": step.pushed_to,
                 "reconciled": bool(step.reconciled),
                 "error": f"{step.error_type}: {step.error_message}" if step.error_type else None,
-                "started_at": iso(step.started_at),
+                "started_at": timestamp_text(step.started_at),
                 "group_ids": group_ids,
             }
         )
@@ -371,7 +401,7 @@ async def _rewards_section(c: AsyncConnection, run: str) -> list[Row]:
                 "reward_max": s.max if s else None,
                 "events": h.events,
                 "rescored_events": h.rescores,
-                "last_recorded_at": iso(h.last),
+                "last_recorded_at": timestamp_text(h.last),
             }
         )
     return rows
@@ -419,7 +449,7 @@ async def _consumption_section(c: AsyncConnection, run: str) -> list[Row]:
                 "steps_failed": s.failed if s else 0,
                 "last_step": s.last_step if s else None,
                 "scorers": sorted(scorers.get(model, ())),
-                "last_consumed_at": iso(k.last) if k else None,
+                "last_consumed_at": timestamp_text(k.last) if k else None,
             }
         )
     return rows
@@ -441,7 +471,7 @@ async def _failures_section(c: AsyncConnection, info: Any) -> list[Row]:
                 "where": f"group {row.group_id}, scenario {row.scenario_index}",
                 "error_type": row.error_type,
                 "error_message": row.error_message,
-                "at": iso(row.finished_at or row.started_at),
+                "at": timestamp_text(row.finished_at or row.started_at),
             }
         )
     for row in await c.execute(
@@ -454,7 +484,7 @@ async def _failures_section(c: AsyncConnection, info: Any) -> list[Row]:
                 "where": f"step {row.step_before + 1}, {row.num_groups} groups",
                 "error_type": row.error_type,
                 "error_message": row.error_message,
-                "at": iso(row.finished_at),
+                "at": timestamp_text(row.finished_at),
             }
         )
     if info.status == "failed":
@@ -465,7 +495,7 @@ async def _failures_section(c: AsyncConnection, info: Any) -> list[Row]:
                 "where": "run",
                 "error_type": None,
                 "error_message": info.error,
-                "at": iso(info.finished_at),
+                "at": timestamp_text(info.finished_at),
             }
         )
     return rows
