@@ -1,0 +1,176 @@
+"""The viewer's ASGI application: routes, the store it reads, and what every answer carries."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from importlib.resources import files
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from artstore.errors import ArtstoreError, NotFoundError
+from artstore.viewer import pages
+from artstore.viewer.templating import environment
+
+log = logging.getLogger("artstore.viewer")
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+# Scripts, styles, images and fetches from the viewer itself only: even if some text of a
+# model slipped through as markup, no script of it would run.
+SECURITY_HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; "
+    "frame-ancestors 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "x-frame-options": "DENY",
+    "cache-control": "no-store",
+}
+
+
+class SecurityHeaders:
+    """Adds SECURITY_HEADERS to every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                for name, value in SECURITY_HEADERS.items():
+                    if name.encode() not in present:
+                        headers.append((name.encode(), value.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def allowed_hosts(bound_to: str) -> list[str]:
+    """The Host headers to answer: the loopback names when bound to loopback (a web page
+    elsewhere cannot reach the viewer through DNS rebinding), any when bound wider."""
+    if bound_to in LOOPBACK_HOSTS or bound_to.startswith("127."):
+        return [*LOOPBACK_HOSTS, bound_to]
+    return ["*"]
+
+
+def create_app(
+    url: str | None = None,
+    *,
+    store: Any = None,
+    host: str = "127.0.0.1",
+    runs_refresh_ms: int = pages.RUNS_REFRESH_MS,
+    run_refresh_ms: int = pages.RUN_REFRESH_MS,
+) -> Starlette:
+    """The viewer over the store at `url` (opened to read when the app starts, closed when
+    it stops), or over an open `store` (left open)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if store is not None:
+            app.state.store = store
+            yield
+            return
+        from artstore.analysis.opening import open_for_reading
+
+        app.state.store = await open_for_reading(url)
+        try:
+            yield
+        finally:
+            await app.state.store.close()
+
+    routes = [
+        Route("/", pages.runs_page, name="runs"),
+        Route("/api/runs", pages.runs_json, name="runs_json"),
+        Route("/api/runs/{run:path}", pages.run_json, name="run_json"),
+        Route("/runs/{run:path}", pages.run_page, name="run"),
+        Route("/groups/{group_id}", pages.group_page, name="group"),
+        Route("/trajectories/{rollout_id}", pages.trajectory_page, name="trajectory"),
+        Route("/compare/scorers", pages.compare_scorers_page, name="compare_scorers"),
+        Route("/compare/runs", pages.compare_runs_page, name="compare_runs"),
+        Route("/sql", pages.sql_page, name="sql"),
+        Mount(
+            "/static",
+            StaticFiles(directory=str(files("artstore.viewer") / "static")),
+            name="static",
+        ),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        middleware=[
+            Middleware(SecurityHeaders),
+            Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(host)),
+        ],
+        exception_handlers={
+            NotFoundError: _not_found,
+            HTTPException: _http_error,
+            # Handled inside the middleware (so the page keeps its headers); anything else
+            # is the server's "500" of last resort.
+            **dict.fromkeys(_EXPECTED_ERRORS, _failed),
+            Exception: _failed,
+        },
+    )
+    app.state.templates = Jinja2Templates(env=environment())
+    app.state.runs_refresh_ms = runs_refresh_ms
+    app.state.run_refresh_ms = run_refresh_ms
+    return app
+
+
+_EXPECTED_ERRORS: tuple[type[Exception], ...] = (
+    ArtstoreError,
+    SQLAlchemyError,
+    OSError,
+    ValueError,
+    LookupError,
+    TypeError,
+)
+
+
+def _error_page(request: Request, status: int, title: str, message: str) -> Response:
+    if request.url.path.startswith("/api/"):
+        return pages.JSONResponse({"error": message}, status_code=status)
+    return request.app.state.templates.TemplateResponse(
+        request, "error.html", {"title": title, "message": message}, status_code=status
+    )
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return _error_page(request, 404, "Not found", str(exc))
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return _error_page(
+        request,
+        exc.status_code,
+        "Not found" if exc.status_code == 404 else "Error",
+        str(exc.detail),
+    )
+
+
+async def _failed(request: Request, exc: Exception) -> Response:
+    # One line, as the command line prints errors; the traceback goes to the server's log.
+    log.exception("%s failed", request.url.path)
+    first = (str(exc).strip().splitlines() or [""])[0]
+    message = first if isinstance(exc, ArtstoreError) else f"{type(exc).__name__}: {first}"
+    return _error_page(request, 500, "Error", message)

@@ -1,0 +1,92 @@
+"""Running the viewer: uvicorn on a socket bound here (port 0 picks a free one)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from artstore.viewer.app import create_app
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8321
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on (host, port); OSError when the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+
+
+def _server(app: Any) -> Any:
+    import uvicorn
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    return uvicorn.Server(config)
+
+
+def serve(
+    url: str | None = None,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve the viewer of the store at `url` until interrupted (Ctrl-C, SIGTERM).
+
+    `on_ready(address)` is called once the socket is bound, before the first request.
+    """
+    sock = bind(host, port)
+    try:
+        server = _server(create_app(url, host=host))
+        if on_ready is not None:
+            on_ready(address(sock))
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+class BackgroundViewer:
+    """The viewer served from a thread of this process (for tests and notebooks):
+
+    with BackgroundViewer(url) as viewer:
+        ... viewer.address ...
+    """
+
+    def __init__(
+        self, url: str | None = None, host: str = DEFAULT_HOST, port: int = 0, **options: Any
+    ) -> None:
+        self._sock = bind(host, port)
+        self.address = address(self._sock)
+        self._server = _server(create_app(url, host=host, **options))
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    def __enter__(self) -> BackgroundViewer:
+        self._thread.start()
+        while not self._server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError("the viewer did not start (see its log)")
+            self._thread.join(0.05)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._server.should_exit = True
+        self._thread.join()
+        self._sock.close()
