@@ -23,7 +23,7 @@ app = typer.Typer(
     help="Event-sourced trajectory store for OpenPipe ART: record, replay, re-score, query.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
 )
 console = Console()
 err_console = Console(stderr=True)
@@ -45,9 +45,23 @@ class State:
     debug = False
 
 
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        from artstore import __version__
+
+        console.print(f"artstore {__version__}", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
 def root(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     State.debug = debug
 
@@ -104,12 +118,15 @@ def fail(message: str) -> typer.Exit:
 
 def _register_commands() -> None:
     # In the order a user reaches for them: replay first (DESIGN.md), schema last.
-    from artstore.cli import db, demo, exchange, replay, rescore, runs, sql
+    from artstore.cli import db, demo, exchange, group, replay, rescore, runs, sql, trajectory, ui
 
     app.command("replay")(replay.replay)
     app.command("rescore")(rescore.rescore)
     app.command("runs")(runs.runs)
     app.command("show")(runs.show)
+    app.command("group")(group.group)
+    app.command("trajectory")(trajectory.trajectory)
+    app.command("ui")(ui.ui)
     app.command("sql")(sql.sql)
     app.command("export")(exchange.export)
     app.command("import")(exchange.import_)

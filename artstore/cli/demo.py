@@ -100,6 +100,13 @@ def demo(
         title=f"train steps of {result.run}",
         headers={"reward_mean": "reward mean", "trainable_groups": "groups with reward spread"},
     )
+    console.print(
+        "\nThe demo trains with CheckOnlyBackend, which runs on the CPU and updates no "
+        "weights: the policy does not learn, and the reward does not rise from step to step "
+        "(the demo's model slips at random). The recording is what the demo shows; "
+        "LocalBackend on a GPU trains the same loop for real.",
+        highlight=False,
+    )
     name = result.run
     url_part = ""
     if url:  # a password stays out of the output: point at the variable instead
@@ -126,15 +133,13 @@ def demo(
         ("the runs in this store", f"artstore runs{url_part}"),
         ("this run: steps, groups, rewards, failures", f"artstore show {name}{url_part}"),
         (
-            "what a replay would train",
-            backend_hint(
-                f"artstore replay {name} --dry-run --backend artstore.backends:check_only_backend"
-            ),
-        ),
-        (
             "score it again with a stricter reward (no agent runs)",
             f"artstore rescore {name} --reward artstore.demo:strict_reward --scorer strict"
             f"{url_part}",
+        ),
+        (
+            "what training a second model on the new scores would do (nothing is trained)",
+            f"artstore replay {name} --scorer strict --model {name}-strict --dry-run{url_part}",
         ),
         (
             "train a second model on the new scores",
@@ -148,3 +153,9 @@ def demo(
     console.print("\nTry next:", highlight=False)
     for what, command in hints:
         console.print(f"  # {what}\n  {command}", highlight=False, markup=False, soft_wrap=True)
+    console.print(
+        f"\nOr look at it in a web browser (Ctrl-C stops it): artstore ui{url_part}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )

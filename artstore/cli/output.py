@@ -1,22 +1,29 @@
 """Printing rows the same way in every command: `--format table|csv|json`, and progress bars.
 
-Tables are rich tables on stdout; csv and json are written raw to stdout (no wrapping,
-no colour), so that they can be piped. Progress bars go to stderr and only when it is a
-terminal, so that piped output stays clean.
+Tables are rich tables on stdout, fitted to the terminal's width: short headers that never
+break inside a word, numbers and ids on one line, long texts wrapped or cut with an
+ellipsis. When stdout is not a terminal (piped, redirected) a table is plain columns
+instead: no borders, no colour, nothing wrapped or cut, one line per row. csv and json are
+written raw, so that they can be piped; JSON columns are JSON. Progress bars go to stderr
+and only when it is a terminal, so that piped output stays clean.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, NamedTuple
 
 import typer
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -92,6 +99,28 @@ def write_csv(rows: Sequence[Row], columns: Sequence[str] | None = None) -> None
     sys.stdout.flush()
 
 
+# A text column wraps (on a terminal) when its cells are longer than this.
+_WRAP_ABOVE = 24
+SPARK_BARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float | None]) -> str:
+    """One bar per value, from the lowest (▁) to the highest (█); a gap for None."""
+    known = [v for v in values if v is not None and math.isfinite(v)]
+    if not known:
+        return ""
+    low, high = min(known), max(known)
+    bars = []
+    for value in values:
+        if value is None or not math.isfinite(value):
+            bars.append(" ")
+        elif high == low:
+            bars.append(SPARK_BARS[3])
+        else:
+            bars.append(SPARK_BARS[round((value - low) / (high - low) * (len(SPARK_BARS) - 1))])
+    return "".join(bars)
+
+
 def table(
     rows: Sequence[Row],
     columns: Sequence[str] | None = None,
@@ -99,27 +128,131 @@ def table(
     title: str | None = None,
     headers: dict[str, str] | None = None,
     cells: dict[str, Any] | None = None,
+    wide: Sequence[str] = (),
+    caption: str | None = None,
 ) -> Table:
-    """A rich table of `rows`; `headers` renames columns, `cells` formats some of them."""
+    """A rich table of `rows`; `headers` renames columns, `cells` formats some of them.
+
+    On a terminal too narrow for it, the table gives up width in this order: the `wide`
+    columns (free text, cut with an ellipsis), then long texts (wrapped between words),
+    then headers (wrapped between words). Numbers, ids and short texts are never cut.
+    """
     names = _columns(rows, columns)
-    result = Table(title=title, title_justify="left", show_lines=False)
-    for name in names:
-        numeric = any(isinstance(row.get(name), (int, float)) for row in rows)
-        result.add_column(
-            (headers or {}).get(name, name.replace("_", " ")),
-            justify="right" if numeric else "left",
-            overflow="fold",
+    plain = not console.is_terminal
+    result = Table(
+        title=title,
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+        box=None if plain else box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        collapse_padding=not plain,  # a rule under the headers, two spaces between columns
+        header_style="" if plain else "bold",
+    )
+    formatters = cells or {}
+    shown = [
+        [
+            formatters[name](row.get(name)) if name in formatters else text(row.get(name))
+            for name in names
+        ]
+        for row in rows
+    ]
+    titles = [(headers or {}).get(name, name.replace("_", " ")) for name in names]
+    specs = []
+    for index, name in enumerate(names):
+        numeric = any(
+            isinstance(row.get(name), int | float) and not isinstance(row.get(name), bool)
+            for row in rows
         )
-    for row in rows:
-        formatters = cells or {}
+        longest = max((len(line) for r in shown for line in r[index].splitlines()), default=0)
+        kind = "wide" if name in wide else "short" if numeric or longest <= _WRAP_ABOVE else "text"
+        specs.append(_ColumnFit(titles[index], longest, kind, numeric))
+    widths = [None] * len(names) if plain else _fit(specs, console.width)
+    for spec, width in zip(specs, widths, strict=True):
+        result.add_column(
+            spec.header,
+            justify="right" if spec.numeric else "left",
+            no_wrap=width is None and spec.kind != "text",
+            overflow="fold",
+            width=width,
+        )
+    for values in shown:
         # Text, not markup: "[...]" in a value (an error message) prints as it is.
         result.add_row(
             *(
-                Text(formatters[name](row.get(name)) if name in formatters else text(row.get(name)))
-                for name in names
+                Text(value, no_wrap=True, overflow="ellipsis")
+                if spec.kind == "wide" and not plain
+                else Text(value)
+                for spec, value in zip(specs, values, strict=True)
             )
         )
     return result
+
+
+class _ColumnFit(NamedTuple):
+    header: str
+    longest: int  # the longest line of its cells
+    kind: str  # "wide" (cut first), "text" (wraps), "short" (never wraps; its header may)
+    numeric: bool
+
+    @property
+    def natural(self) -> int:
+        return max(len(self.header), self.longest, 1)
+
+    @property
+    def least(self) -> int:
+        word = max((len(w) for w in self.header.split()), default=1)
+        if self.kind == "wide":
+            return min(self.natural, max(word, 8))
+        if self.kind == "text":
+            return min(self.natural, max(word, 12))
+        return max(word, self.longest, 1)
+
+
+def _fit(specs: list[_ColumnFit], terminal_width: int) -> list[int | None]:
+    """Column widths for a terminal of `terminal_width` (None: the column's own width)."""
+    widths = [spec.natural for spec in specs]
+    excess = sum(widths) + 2 * (len(specs) - 1) - terminal_width
+    for kind in ("wide", "text", "short"):
+        if excess <= 0:
+            break
+        shrinkable = {
+            i: widths[i] - spec.least for i, spec in enumerate(specs) if spec.kind == kind
+        }
+        room = sum(shrinkable.values())
+        if room <= 0:
+            continue
+        take = min(excess, room)
+        for i, slack in sorted(shrinkable.items(), key=lambda item: -item[1]):
+            cut = min(slack, -(-take * slack // room), excess)
+            widths[i] -= cut
+            excess -= cut
+    return [
+        None if width == spec.natural else width for width, spec in zip(widths, specs, strict=True)
+    ]
+
+
+def print_table(table: Table) -> None:
+    """Print a table: fitted to the terminal, or as plain columns when stdout is not one."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    # Plain columns: each row on one line, as wide as it needs (no terminal to fit).
+    table.box = None
+    table.show_edge = False
+    table.pad_edge = False
+    table.header_style = ""
+    for column in table.columns:
+        column.no_wrap = True
+    width = Measurement.get(console, console.options.update_width(1_000_000), table).maximum
+    # Rendered as wide as the table (the shared console is as wide as the terminal it
+    # lacks), without the spaces that pad the last column.
+    rendered = io.StringIO()
+    Console(file=rendered, width=max(width, 1), color_system=None, highlight=False).print(table)
+    lines = rendered.getvalue().splitlines()
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in lines))
+    sys.stdout.flush()
 
 
 def print_rows(
@@ -131,6 +264,8 @@ def print_rows(
     empty: str = "nothing to show",
     headers: dict[str, str] | None = None,
     cells: dict[str, Any] | None = None,
+    wide: Sequence[str] = (),
+    caption: str | None = None,
 ) -> None:
     """Print `rows` as a table (only `columns`), or every field as csv / json."""
     if format is OutputFormat.json:
@@ -143,7 +278,11 @@ def print_rows(
         else:
             console.print(empty, highlight=False)
     else:
-        console.print(table(rows, columns, title=title, headers=headers, cells=cells))
+        print_table(
+            table(
+                rows, columns, title=title, headers=headers, cells=cells, wide=wide, caption=caption
+            )
+        )
 
 
 @contextmanager

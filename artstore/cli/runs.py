@@ -12,6 +12,8 @@ from artstore.cli.output import (
     FormatOption,
     OutputFormat,
     print_rows,
+    print_table,
+    sparkline,
     text,
     write_csv,
     write_json,
@@ -37,30 +39,16 @@ def runs(url: UrlOption = None, output: FormatOption = OutputFormat.table) -> No
         row["rollouts"] = f"{row['rollouts_finished']}/{row['rollouts_failed']}"
         if row["rollouts_running"]:
             row["rollouts"] += f" ({row['rollouts_running']} running)"
-        if row["last_batch_reward_mean"] is not None:
-            row["latest_reward"] = (
-                f"{text(row['last_batch_reward_mean'])} (batch {row['last_batch']})"
-            )
-        row["started"] = (row["started_at"] or "")[:16].replace("T", " ")
+        row["reward"] = row["last_batch_reward_mean"]
+        row["started"] = (row["started_at"] or "")[:16]  # the one format, to the minute
     print_rows(
         rows,
         output,
-        columns=[
-            "run",
-            "model",
-            "status",
-            "steps",
-            "groups",
-            "rollouts",
-            "latest_reward",
-            "started",
-        ],
-        headers={
-            "groups": "groups sealed/consumed",
-            "rollouts": "rollouts finished/failed",
-            "latest_reward": "latest reward mean",
-            "started": "started (UTC)",
-        },
+        columns=["run", "model", "status", "steps", "groups", "rollouts", "reward", "started"],
+        headers={"started": "started (UTC)"},
+        wide=("model",),
+        caption="groups: sealed/trained. rollouts: finished/failed. reward: mean of the "
+        "latest batch, by the run's scorer. stale: running, but its trainer is gone.",
         empty="no runs in this store (try `artstore demo`)",
     )
 
@@ -123,6 +111,7 @@ def _show_run(run: dict[str, Any]) -> None:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
+    rewards = [point["reward_mean"] for point in run.get("reward_per_batch", [])]
     for key in (
         "run",
         "model",
@@ -142,7 +131,15 @@ def _show_run(run: dict[str, Any]) -> None:
     ):
         if run.get(key) not in (None, {}, "") or key in ("rollouts_finished", "rollouts_failed"):
             table.add_row(key.replace("_", " "), Text(text(run[key])))
-    console.print(table)
+        if key == "scorer" and rewards:
+            table.add_row(
+                "reward",
+                Text(
+                    f"{sparkline(rewards)}  {text(rewards[0])} → {text(rewards[-1])} "
+                    f"(mean per batch, {len(rewards)} batches)"
+                ),
+            )
+    print_table(table)
 
 
 def _short_metrics(metrics: dict[str, Any], limit: int = 3) -> str:
@@ -168,6 +165,7 @@ def _show_steps(rows: list[dict[str, Any]]) -> None:
         columns=["model", "steps", "status", "scorer", "in", "reward_mean", "metrics", "error"],
         headers={"in": "groups", "reward_mean": "reward mean"},
         cells={"metrics": _short_metrics},
+        wide=("model", "metrics", "error"),
         empty="none yet",
     )
 
@@ -184,7 +182,6 @@ def _show_groups(rows: list[dict[str, Any]]) -> None:
         title="groups",
         columns=[
             "group",
-            "epoch",
             "batch",
             "scenario_index",
             "size",
@@ -195,9 +192,10 @@ def _show_groups(rows: list[dict[str, Any]]) -> None:
         ],
         headers={
             "scenario_index": "scenario",
-            "consumed_by": "consumed by (model@step)",
+            "consumed_by": "trained by",
             **{f"reward:{s}": f"{s} mean" for s in scorers},
         },
+        wide=("consumed_by",),
         empty="none sealed yet",
     )
 
@@ -235,6 +233,8 @@ def _show_consumption(rows: list[dict[str, Any]]) -> None:
             "last_step",
             "scorers",
         ],
+        headers={"groups_consumed": "groups trained"},
+        wide=("model", "scorers"),
         empty="no group trained yet",
     )
 
@@ -246,6 +246,7 @@ def _show_failures(rows: list[dict[str, Any]]) -> None:
         title="failures",
         columns=["kind", "id", "where", "error_type", "error_message"],
         headers={"error_type": "error", "error_message": "message"},
+        wide=("where",),
         empty="none",
     )
 

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.app import UrlOption, console, fail, run
-from artstore.cli.output import FormatOption, OutputFormat
+from artstore.cli.app import UrlOption, fail, run
+from artstore.cli.output import FormatOption, OutputFormat, print_table
 
 QueryArgument = Annotated[
     str | None,
@@ -82,10 +82,30 @@ def _print_csv(columns: list[str], rows: list[tuple[Any, ...]]) -> None:
 
 
 def _print_json(columns: list[str], rows: list[tuple[Any, ...]]) -> None:
-    """A list of objects, one per row (JSON columns stay JSON text, as in the database)."""
-    records = [dict(zip(columns, row, strict=True)) for row in rows]
+    """A list of objects, one per row. The views' JSON columns (`config`, `metrics`,
+    `tool_calls`...) are JSON values, not strings (as csv and tables show their text)."""
+    from artstore.schema.views import json_column_names
+
+    holds_json = json_column_names()
+    records = [
+        {
+            name: _json_value(value) if name in holds_json else value
+            for name, value in zip(columns, row, strict=True)
+        }
+        for row in rows
+    ]
     sys.stdout.write(json.dumps(records, indent=2, ensure_ascii=False) + "\n")
     sys.stdout.flush()
+
+
+def _json_value(value: Any) -> Any:
+    """The JSON a column's text holds; text that is not JSON stays as it is."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
 def _print_table(columns: list[str], rows: list[tuple[Any, ...]]) -> None:
@@ -98,7 +118,7 @@ def _print_table(columns: list[str], rows: list[tuple[Any, ...]]) -> None:
         # Text, not markup: a value such as "[bold]" or a JSON list prints as it is.
         table.add_row(*(_cell(value) for value in row))
     table.caption = f"{len(rows)} row{'s' if len(rows) != 1 else ''}"
-    console.print(table)
+    print_table(table)
 
 
 def _cell(value: Any):

@@ -1,0 +1,66 @@
+"""`artstore ui`: the web viewer of a store, served on this machine."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from artstore.cli.app import UrlOption, console, err_console, run, say_error
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def ui(
+    url: UrlOption = None,
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Address to listen on. The default, 127.0.0.1, lets only this machine in "
+            "(reach a remote store through an SSH tunnel: README, 'Looking at runs').",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free port).")
+    ] = 8321,
+) -> None:
+    """Look at runs in a web browser (read-only, on this machine).
+
+    Runs (live while they train), reward curves per scorer, train-step metrics, groups
+    side by side, trajectories with each token's logprob, scorer and run comparisons,
+    and read-only SQL. Nothing is written to the store.
+    """
+
+    async def check() -> str:
+        from artstore.analysis.opening import open_for_reading
+
+        store = await open_for_reading(url)  # a bad URL is one line, before the server starts
+        try:
+            database = store.database
+            return database.url.database if database.dialect == "sqlite" else database.display_url
+        finally:
+            await store.close()
+
+    where = run(check)
+    from artstore.viewer import serve  # the web stack: only for this command
+
+    def ready(address: str) -> None:
+        console.print(
+            f"artstore ui: [bold]{address}[/] (read-only view of {where}); Ctrl-C stops it",
+            highlight=False,
+            soft_wrap=True,
+        )
+        if host not in LOOPBACK and not host.startswith("127."):
+            err_console.print(
+                f"warning: listening on {host}: anyone who can reach this machine on port "
+                f"{address.rsplit(':', 1)[1].rstrip('/')} can read the store (no login). "
+                "Prefer --host 127.0.0.1 and an SSH tunnel.",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+    try:
+        serve(url, host, port, on_ready=ready)
+    except OSError as exc:
+        say_error(f"cannot listen on {host}:{port}: {exc.strerror or exc} (choose another --port)")
+        raise typer.Exit(1) from None
