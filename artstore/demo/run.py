@@ -98,7 +98,7 @@ async def run_demo(
         )
         model = art.TrainableModel(name=run, project=PROJECT, base_model=BASE_MODEL)
         await model.register(backend)
-        summary = await TrainingFramework(store).run_training(
+        summary = await TrainingFramework(store, progress=False).run_training(
             model=model,
             scenarios=scenarios,
             agent_function=counted_agent,

@@ -34,6 +34,7 @@ import inspect
 import itertools
 import json
 import logging
+import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -149,16 +150,26 @@ class TrainingFramework:
     one (`$ARTSTORE_URL`, then `.artstore/artstore.db`) when first needed, or the one at
     `url`, and closes it when `run_training` returns (or on `close()`).
 
-    `run_training` is resumable. The seed's other methods (`process_scenario`,
+    `run_training` is resumable, and says what it does on stderr, a line per train step
+    (`progress=False` keeps it quiet). The seed's other methods (`process_scenario`,
     `execute_training_step`, `run_training_epoch`) still work on their own, recorded, but
     their groups belong to no run and are not resumed.
     """
 
-    def __init__(self, store: Store | None = None, *, url: str | None = None) -> None:
+    def __init__(
+        self, store: Store | None = None, *, url: str | None = None, progress: bool = True
+    ) -> None:
         self._store = store
         self._url = url
         self._owns_store = store is None
         self._active_runs = 0  # the owned store is closed when the last run_training ends
+        # `run_training` says what it does on stderr: a line when the run starts or
+        # resumes, one per train step, one at the end (or that there is nothing to do).
+        self.progress = progress
+
+    def _say(self, message: str) -> None:
+        if self.progress:
+            print(message, file=sys.stderr, flush=True)
 
     async def store(self) -> Store:
         if self._store is None:
@@ -365,16 +376,31 @@ class TrainingFramework:
             )
             async with trainer_lease(store.database, run, model_key(model)):
                 summary = RunSummary(run=run)
-                summary.resumed = await self._start_or_resume(
+                state = await self._start_or_resume(
                     store, run, model, stored_scenarios, config, validation_model
                 )
+                summary.resumed = state != "started"
+                total = config.epochs * -(-len(scenarios) // config.batch_size)
+                if state == "finished":
+                    summary.start_step = summary.final_step = await model.get_step()
+                    self._say(
+                        f"run {run} is already finished: its {total} train steps were trained "
+                        f"(model {model_key(model)} at step {summary.final_step}); nothing to do"
+                    )
+                    return summary
                 try:
                     await self._train_run(store, run, scenarios, config, recipe, summary)
                 except Exception as exc:
                     await _record_failure(store, run, exc)
+                    self._say(f"run {run} failed: {type(exc).__name__}: {exc}")
                     raise
                 await store.append(f"run-{run}", [RunFinished(run=run)])
                 summary.final_step = await model.get_step()
+                self._say(
+                    f"run {run} finished: model {model_key(model)} at step {summary.final_step}; "
+                    f"this call trained {len(summary.steps_trained)} steps and ran "
+                    f"{summary.rollouts} rollouts ({summary.rollouts_failed} failed)"
+                )
                 return summary
         finally:
             self._active_runs -= 1
@@ -400,6 +426,14 @@ class TrainingFramework:
         summary.start_step = await model.get_step()
         indexed = list(enumerate(scenarios))
         batches_per_epoch = -(-len(scenarios) // config.batch_size)
+        total = config.epochs * batches_per_epoch
+        if summary.resumed:
+            self._say(f"run {run}: resumed, model {model_key(model)} at step {summary.start_step}")
+        else:
+            self._say(
+                f"run {run}: started; {config.epochs} epochs of {batches_per_epoch} batches "
+                f"({total} train steps), {config.group_size} rollouts per scenario"
+            )
         for epoch in range(config.epochs):
             for number, batch in enumerate(batched(indexed, config.batch_size)):
                 places = [
@@ -413,7 +447,7 @@ class TrainingFramework:
                     for index, _ in batch
                 ]
                 await self._train_batch(
-                    store, places, [s for _, s in batch], recipe, config, summary
+                    store, places, [s for _, s in batch], recipe, config, summary, total
                 )
 
     async def _train_batch(
@@ -424,24 +458,42 @@ class TrainingFramework:
         recipe: _Recipe,
         config: TrainingConfig,
         summary: RunSummary,
+        total: int,
     ) -> None:
         """Seal the batch's groups (those not sealed yet), then train what is not consumed."""
         consumed = await consumed_groups(store, recipe.model, [p.group_id for p in places])
         todo = [
             (p, s) for p, s in zip(places, scenarios, strict=True) if p.group_id not in consumed
         ]
+        where = f"batch {places[0].batch + 1}/{total} (epoch {places[0].epoch})"
         if not todo:
-            return  # trained before this call
+            self._say(f"run {summary.run}: {where} was trained before")
+            return
         await _settle(self._seal_group(store, p, s, recipe, summary) for p, s in todo)
+        before = await recipe.model.get_step()
+        group_ids = [p.group_id for p, _ in todo]
         result = await train_groups(
             store,
             run=summary.run,
             model=recipe.model,
-            group_ids=[p.group_id for p, _ in todo],
+            group_ids=group_ids,
             scorer=recipe.scorer,
             train_kwargs=config.train_kwargs,
         )
         summary.steps_trained.append(result.step)
+        if self.progress:
+            from artstore.training.replay import _policy_rewards
+
+            rewards = [
+                r
+                for found in (await _policy_rewards(store, group_ids, recipe.scorer)).values()
+                for r in found
+            ]
+            mean = f", reward mean {sum(rewards) / len(rewards):.3g}" if rewards else ""
+            self._say(
+                f"run {summary.run}: {where}: step {before} → {result.step}, "
+                f"{len(group_ids)} group{'s' if len(group_ids) != 1 else ''}{mean}"
+            )
 
     async def _seal_group(
         self, store: Store, place: _Place, scenario: Any, recipe: _Recipe, summary: RunSummary
@@ -547,8 +599,10 @@ class TrainingFramework:
         scenarios: list[Any],
         config: TrainingConfig,
         validation_model: Any,
-    ) -> bool:
-        """Record the run's start, or check the settings of a resume; True when resuming."""
+    ) -> str:
+        """Record the run's start, or check the settings of a resume. Returns "started",
+        "resumed", or "finished" for a finished run whose every batch was trained (then
+        nothing is recorded: there is nothing to do)."""
         recorded = await store.read_stream(f"run-{run}", limit=1)
         validation_name = getattr(validation_model, "name", None)
         if not recorded:
@@ -569,7 +623,7 @@ class TrainingFramework:
                 ],
                 expected_version=NO_STREAM,
             )
-            return False
+            return "started"
         started = recorded[0].decode()
         assert isinstance(started, RunStarted)
         samples_then = started.config.get("validation_samples") if started.validation_model else 0
@@ -592,6 +646,8 @@ class TrainingFramework:
                 f"run {run!r} was started with other {', '.join(changed)}; pass the original "
                 "settings to resume it, or a new run name to start another run"
             )
+        if await _finished(store, run, model, len(scenarios), config.epochs):
+            return "finished"
         await store.append(
             f"run-{run}",
             [
@@ -603,7 +659,25 @@ class TrainingFramework:
                 )
             ],
         )
-        return True
+        return "resumed"
+
+
+async def _finished(store: Store, run: str, model: Any, scenarios: int, epochs: int) -> bool:
+    """The run is recorded as finished and `model` trained every group of its `epochs`."""
+    from sqlalchemy import select
+
+    from artstore.schema import tables as t
+
+    async with store.database.read() as connection:
+        status = (
+            await connection.execute(select(t.runs.c.status).where(t.runs.c.run == run))
+        ).scalar()
+    if status != "finished":
+        return False
+    wanted = [
+        group_id_for(run, epoch, index) for epoch in range(epochs) for index in range(scenarios)
+    ]
+    return len(await consumed_groups(store, model, wanted)) == len(wanted)
 
 
 def _recipe(
