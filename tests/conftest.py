@@ -73,6 +73,23 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
         _drop_postgres_database(conninfo, url)
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def module_database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """`database_url` shared by the tests of one module (for tests that share a browser)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path_factory.mktemp('store') / 'artstore.db'}"
+        return
+    admin_url = _postgres_admin_url()
+    assert admin_url is not None
+    conninfo, url = _create_postgres_database(admin_url)
+    try:
+        yield url
+    finally:
+        _drop_postgres_database(conninfo, url)
+
+
 @pytest.fixture
 async def store(database_url: str) -> AsyncIterator:
     """An open, migrated store on each database."""

@@ -307,15 +307,40 @@
     }, document.getElementById("live-note"));
   }
 
+  // Rollouts with the same pair of rewards share one point, sized by how many they are.
+  function pairPoints(pairs) {
+    const byPair = new Map();
+    for (const p of pairs) {
+      const key = `${p.x} ${p.y}`;
+      if (!byPair.has(key)) byPair.set(key, { x: p.x, y: p.y, rollout_ids: [] });
+      byPair.get(key).rollout_ids.push(p.rollout_id);
+    }
+    return [...byPair.values()];
+  }
+
+  function showRollouts(ids) {
+    const wanted = new Set(ids);
+    let first = null;
+    for (const row of document.querySelectorAll("#pairs-table tbody tr")) {
+      const hit = wanted.has(row.dataset.rollout);
+      row.classList.toggle("picked", hit);
+      if (hit && !first) first = row;
+    }
+    if (first) first.scrollIntoView({ block: "center" });
+  }
+
   function compareScorersPage(data) {
     const canvas = document.getElementById("scorer-scatter");
-    const point = (p) => ({ x: p.x, y: p.y, rollout_id: p.rollout_id });
     const values = data.pairs.flatMap((p) => [p.x, p.y]);
     const low = values.length ? Math.min(...values) : 0;
     const high = values.length ? Math.max(...values) : 1;
+    const radius = (context) => {
+      const raw = context.raw;
+      return raw && raw.rollout_ids ? 4 + 3 * Math.sqrt(raw.rollout_ids.length - 1) : 0;
+    };
     const datasets = [
-      { label: "policy rollouts", data: data.pairs.filter((p) => p.role !== "validation").map(point), backgroundColor: alpha(COLORS[0], 0.7), pointRadius: 5 },
-      { label: "validation rollouts", data: data.pairs.filter((p) => p.role === "validation").map(point), backgroundColor: alpha(COLORS[1], 0.7), pointRadius: 5 },
+      { label: "policy rollouts", data: pairPoints(data.pairs.filter((p) => p.role !== "validation")), backgroundColor: alpha(COLORS[0], 0.6), pointRadius: radius },
+      { label: "validation rollouts", data: pairPoints(data.pairs.filter((p) => p.role === "validation")), backgroundColor: alpha(COLORS[1], 0.6), pointRadius: radius },
       { label: "x = y", type: "line", data: [{ x: low, y: low }, { x: high, y: high }], borderColor: "#aab4c3", borderDash: [4, 4], pointRadius: 0 },
     ].filter((d) => d.data.length > 0);
     showEmpty(canvas, data.pairs.length === 0, "No rollout was scored by both scorers.");
@@ -325,17 +350,22 @@
       options: Object.assign({}, BASE_OPTIONS, {
         interaction: { mode: "nearest", intersect: true },
         scales: { x: titled(`${data.x} reward`), y: titled(`${data.y} reward`) },
+        // One rollout: open its trajectory. Several: pick out their rows in the table.
         onClick: (event, elements, chart) => {
-          const hit = elements.find((e) => chart.data.datasets[e.datasetIndex].data[e.index].rollout_id);
-          if (hit) {
-            const id = chart.data.datasets[hit.datasetIndex].data[hit.index].rollout_id;
-            window.location.href = "/trajectories/" + encodeURIComponent(id);
-          }
+          const hit = elements.find((e) => chart.data.datasets[e.datasetIndex].data[e.index].rollout_ids);
+          if (!hit) return;
+          const ids = chart.data.datasets[hit.datasetIndex].data[hit.index].rollout_ids;
+          if (ids.length === 1) window.location.href = "/trajectories/" + encodeURIComponent(ids[0]);
+          else showRollouts(ids);
         },
         plugins: {
           tooltip: {
             callbacks: {
-              label: (item) => `${item.raw.rollout_id ? item.raw.rollout_id.slice(0, 8) + ": " : ""}(${fmt(item.raw.x)}, ${fmt(item.raw.y)})`,
+              label: (item) => {
+                const ids = item.raw.rollout_ids;
+                const who = !ids ? "" : ids.length === 1 ? ids[0].slice(0, 8) : `${ids.length} rollouts`;
+                return `${who}: (${fmt(item.raw.x)}, ${fmt(item.raw.y)})`;
+              },
             },
           },
         },
