@@ -50,14 +50,23 @@ def test_demo_runs_twice_on_the_default_sqlite_store_and_its_suggestions_work(tm
         assert run["groups_sealed"] == run["groups_consumed"] == 8
         assert run["rollouts_finished"] == 32 and run["rollouts_failed"] == 0
 
-    # Every command it suggests works, in order: show, dry run, rescore, replay, sql.
+    # It says plainly that nothing learns here.
+    assert "updates no weights: the policy does not learn" in " ".join(second.stdout.split())
+    assert "artstore ui" in second.stdout.split("Try next:", 1)[1]
+
+    # Every command it suggests works, in order: show, rescore, dry run, replay, sql.
     commands = suggested_commands(second.stdout)
-    assert [c[0] for c in commands] == ["runs", "show", "replay", "rescore", "replay", "sql"]
+    assert [c[0] for c in commands] == ["runs", "show", "rescore", "replay", "replay", "sql"]
     results = [cli(*command) for command in commands]
     for command, result in zip(commands, results, strict=True):
         assert result.exit_code == 0, (command, result.output)
-    dry_run, replayed, query = results[2], results[4], results[5]
-    assert "would train 0 groups" in dry_run.stdout  # the run's model consumed them all
+    dry_run, replayed, query = results[3], results[4], results[5]
+    # The dry run has something to show: the second model has trained on nothing yet.
+    assert "--dry-run" in commands[3]
+    assert "demo-2-strict (at step 0), scorer 'strict': would train 8 groups in 4 steps" in (
+        dry_run.stdout
+    )
+    assert dry_run.stdout.count("planned") == 8
     assert "artstore-demo/demo-2-strict is at step 4 (trained 4 steps on 8 groups)" in (
         replayed.stdout
     )

@@ -157,7 +157,8 @@ def print_trajectory(detail: dict[str, Any], *, logprobs: bool = False) -> None:
                 body.append_text(_tokens(turn["tokens"]))
             subtitle = []
             if turn["trainable"]:
-                subtitle.append(f"trainable, {len(turn['tokens'])} tokens")
+                count = len(turn["tokens"])
+                subtitle.append(f"trainable, {count} token{'s' if count != 1 else ''}")
             if turn["finish_reason"]:
                 subtitle.append(str(turn["finish_reason"]))
             role_title = turn["role"]

@@ -61,6 +61,8 @@ def ui(
 
     try:
         serve(url, host, port, on_ready=ready)
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn has stopped serving; that is the way out
+        err_console.print("artstore ui: stopped", highlight=False)
     except OSError as exc:
         say_error(f"cannot listen on {host}:{port}: {exc.strerror or exc} (choose another --port)")
         raise typer.Exit(1) from None
