@@ -124,7 +124,9 @@ async def train(url: str, workdir: Path, plan: str) -> None:
             inference_api_key=server.api_key,
             push_dir=workdir / "bucket",
         )
-        model = art.TrainableModel(name=MODEL_NAME, project=PROJECT, base_model="test-base")
+        model = art.TrainableModel(
+            name=MODEL_NAME, run_name=MODEL_NAME, project=PROJECT, base_model="test-base"
+        )
         await model.register(backend)
         validator = art.Model(
             name="validator",

@@ -255,5 +255,8 @@ def _model() -> Any:
     import art
 
     return art.TrainableModel(
-        name=crash_driver.MODEL_NAME, project=crash_driver.PROJECT, base_model="test-base"
+        name=crash_driver.MODEL_NAME,
+        run_name=crash_driver.MODEL_NAME,
+        project=crash_driver.PROJECT,
+        base_model="test-base",
     )

@@ -414,7 +414,7 @@ def art_groups(split: str) -> list[art.TrajectoryGroup]:
 
 async def art_logged_model(tmp_path: Path) -> Path:
     """`model.log` output for train step 1 (2 groups of 2) and a val split (2 groups of 2)."""
-    model = art.TrainableModel(name="agent", project="p", base_model="base")
+    model = art.TrainableModel(name="agent", run_name="agent", project="p", base_model="base")
     await model.register(CheckOnlyBackend(path=tmp_path / "art"))
     await model.log(art_groups("train"), split="train", step=1)
     await model.log(art_groups("val"), split="val", step=1)

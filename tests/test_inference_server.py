@@ -136,12 +136,14 @@ async def test_art_langgraph_wrapper_builds_trainable_trajectory(tmp_path, monke
     from openai.types.chat.chat_completion import Choice
 
     async with LocalInferenceServer() as server:
-        log_path = add_thread("thread-1", server.base_url, server.api_key, "test-model")
+        thread = add_thread(  # a log path (ART 0.5.18) or a logger (later)
+            "thread-1", server.base_url, server.api_key, "test-model"
+        )
         tools = [get_weather, get_population]
         agent = _react_agent(init_chat_model().bind_tools(tools), tools)
         await agent.ainvoke({"messages": [HumanMessage("Weather in Oslo?")]})
 
-    trajectory = create_messages_from_logs(log_path, art.Trajectory(messages_and_choices=[]))
+    trajectory = create_messages_from_logs(thread, art.Trajectory(messages_and_choices=[]))
     choices = [c for c in trajectory.messages_and_choices if isinstance(c, Choice)]
     assert [c.finish_reason for c in choices] == ["tool_calls", "tool_calls", "stop"]
     assert all(c.logprobs and c.logprobs.content for c in choices)

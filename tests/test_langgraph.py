@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import json
 import re
 import threading
@@ -170,14 +171,20 @@ def assert_trainable(trajectory: art.Trajectory) -> None:
 
 
 class Tee:
-    """A logger for ART's `CURRENT_CONFIG` that hands every call to several loggers."""
+    """A logger for ART's `CURRENT_CONFIG` that hands every call to several loggers.
+
+    Each gets a copy of the entry as it is at the call: ART 0.5.18's FileLogger pickled it
+    then, while later ARTs keep the live objects, so that a message the agent changes
+    afterwards (LangGraph renames answers) would reach ART's trajectory changed. artstore
+    records what the model was sent; the comparison is with ART given the same.
+    """
 
     def __init__(self, *loggers: Any) -> None:
         self.loggers = loggers
 
     def log(self, name: str, entry: dict[str, Any]) -> None:
         for logger in self.loggers:
-            logger.log(name, entry)
+            logger.log(name, copy.deepcopy(entry))
 
 
 # --- the trajectory equals ART's --------------------------------------------------------------
@@ -192,7 +199,7 @@ async def test_trajectory_equals_arts_for_the_same_calls(
     async with LocalInferenceServer() as server:
         model = art_model(server)
         async with store.rollout(model, scenario={"question": "Weather in Paris?"}) as rollout:
-            log_path = llm_wrapper.add_thread(
+            thread = llm_wrapper.add_thread(  # a log path (0.5.18) or a logger (later)
                 "tee", model.inference_base_url, model.inference_api_key, "test-model"
             )
             config = llm_wrapper.CURRENT_CONFIG.get()
@@ -204,7 +211,7 @@ async def test_trajectory_equals_arts_for_the_same_calls(
             rollout.metrics.update(returned.metrics)
             rollout.metadata.update(returned.metadata)
 
-    arts = llm_wrapper.create_messages_from_logs(log_path, returned)
+    arts = llm_wrapper.create_messages_from_logs(thread, returned)
     ours = await store.trajectory(rollout.id)
 
     assert dump_trajectory(ours) | {"reward": arts.reward} == dump_trajectory(arts)

@@ -50,8 +50,7 @@ async def test_a_line_per_step_then_nothing_to_do_on_a_finished_run(
 
 
 async def test_quiet_when_asked(store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import art
-
+    from artstore.art_versions import trainable_model
     from artstore.backends import CheckOnlyBackend
     from artstore.demo.task import agent, demo_policy, make_scenarios, reward
     from artstore.testing.inference_server import LocalInferenceServer
@@ -61,7 +60,7 @@ async def test_quiet_when_asked(store, tmp_path: Path, capsys: pytest.CaptureFix
         backend = CheckOnlyBackend(
             path=tmp_path, inference_base_url=server.base_url, inference_api_key=server.api_key
         )
-        model = art.TrainableModel(name="quiet", project="tests", base_model="Qwen/Qwen2.5-0.5B")
+        model = trainable_model(name="quiet", project="tests", base_model="Qwen/Qwen2.5-0.5B")
         await model.register(backend)
         summary = await TrainingFramework(store, progress=False).run_training(
             model=model,

@@ -65,8 +65,7 @@ async def two_conversations(scenario: dict[str, Any], thread_id: str) -> dict[st
 
 
 async def record_xss_run(store: Any, art_path: Path) -> None:
-    import art
-
+    from artstore.art_versions import trainable_model
     from artstore.backends import CheckOnlyBackend
     from artstore.testing.inference_server import LocalInferenceServer
     from artstore.training import TrainingConfig, TrainingFramework
@@ -75,7 +74,7 @@ async def record_xss_run(store: Any, art_path: Path) -> None:
         backend = CheckOnlyBackend(
             path=art_path, inference_base_url=server.base_url, inference_api_key=server.api_key
         )
-        model = art.TrainableModel(name="xss", project=PROJECT, base_model="Qwen/Qwen2.5-0.5B")
+        model = trainable_model(name="xss", project=PROJECT, base_model="Qwen/Qwen2.5-0.5B")
         await model.register(backend)
         await TrainingFramework(store, progress=False).run_training(
             model=model,

@@ -53,7 +53,7 @@ async def train_run(
         backend = CheckOnlyBackend(
             path=art_path, inference_base_url=server.base_url, inference_api_key=server.api_key
         )
-        model = art.TrainableModel(name=name, project=PROJECT, base_model=BASE_MODEL)
+        model = art.TrainableModel(name=name, run_name=name, project=PROJECT, base_model=BASE_MODEL)
         await model.register(backend)
         await TrainingFramework(store).run_training(
             model=model,
@@ -71,7 +71,7 @@ async def train_run(
 
 async def new_model(art_path: Path, name: str) -> art.TrainableModel:
     """Another trainable model of the same base, registered with a CheckOnlyBackend."""
-    model = art.TrainableModel(name=name, project=PROJECT, base_model=BASE_MODEL)
+    model = art.TrainableModel(name=name, run_name=name, project=PROJECT, base_model=BASE_MODEL)
     await model.register(CheckOnlyBackend(path=art_path))
     return model
 

@@ -80,7 +80,9 @@ async def trainable_model(
         inference_api_key=server.api_key,
         push_dir=push_dir,
     )
-    model = art.TrainableModel(name=name, project=PROJECT, base_model="test-base-model")
+    model = art.TrainableModel(
+        name=name, run_name=name, project=PROJECT, base_model="test-base-model"
+    )
     await model.register(backend)
     return model, backend
 

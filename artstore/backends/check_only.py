@@ -31,8 +31,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-# LiteLLM fetches a price map from the network when art is imported unless told not to.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+from artstore.art_versions import (
+    NEW_TRAIN_KEYWORDS,
+    lineage_name,
+    rewards_have_zero_variance,
+    train_keywords_of_this_art,
+)
 
 if TYPE_CHECKING:
     from art import dev
@@ -80,7 +84,7 @@ def group_advantages(rewards: Sequence[float], scale_rewards: bool = True) -> li
     n = len(values)
     if n == 0:
         return []
-    if len(set(values)) == 1:
+    if rewards_have_zero_variance(values):
         return [0.0] * n
     mean = sum(values) / n
     std = math.sqrt(sum((value - mean) ** 2 for value in values) / n)
@@ -243,8 +247,11 @@ class CheckOnlyBackend:
     # -- registration and inference ------------------------------------------------------
 
     def model_dir(self, model: Model) -> Path:
-        """`<path>/<project>/models/<name>`, as art.utils.output_dirs.get_model_dir."""
-        return Path(self._path) / model.project / "models" / model.name
+        """`<path>/<project>/models/<lineage>`, as art.utils.output_dirs.get_model_dir.
+
+        The lineage is `run_name` on ART >= 0.5.20 and `name` on 0.5.18.
+        """
+        return Path(self._path) / model.project / "models" / lineage_name(model)
 
     def checkpoint_dir(self, model: Model, step: int) -> Path:
         """`<model dir>/checkpoints/<step:04d>`, as get_step_checkpoint_dir."""
@@ -350,8 +357,9 @@ class CheckOnlyBackend:
         model: TrainableModel,
         trajectory_groups: Iterable[TrajectoryGroup],
         *,
-        # The keyword arguments and defaults of LocalBackend.train (art 0.5.18); anything
-        # else is a TypeError, as it would be there.
+        # The keyword arguments and defaults of LocalBackend.train; anything else is a
+        # TypeError, as it would be there. Those of `NEW_TRAIN_KEYWORDS` exist on ART >=
+        # 0.5.20 only: given another value on 0.5.18, they are refused as 0.5.18 would.
         learning_rate: float = 5e-6,
         loss_fn: Literal["cispo", "ppo"] = "cispo",
         loss_fn_config: dict | None = None,
@@ -360,6 +368,7 @@ class CheckOnlyBackend:
         kl_penalty_coef: float = 0.0,
         kl_penalty_reference_step: int | None = None,
         kl_ref_adapter_path: str | None = None,
+        kl_penalty_source: Literal["current_learner", "sample"] = "current_learner",
         epsilon: float | None = None,
         epsilon_high: float | None = None,
         advantage_balance: float = 0.0,
@@ -379,6 +388,9 @@ class CheckOnlyBackend:
         packed_sequence_length: int | None = None,
         num_trajectories_learning_rate_multiplier_power: float = 0.0,
         save_checkpoint: bool = True,
+        optimizer_save_interval: int = 5,
+        final_training_step: int | None = None,
+        grad_accumulation_sequences: int | None = None,
         verbose: bool = False,
     ) -> LocalTrainResult:
         """Check the groups, compute ART's advantages, and advance the step by one.
@@ -403,6 +415,15 @@ class CheckOnlyBackend:
 
         started = time.monotonic()
         groups = list(trajectory_groups)
+        given = {
+            "kl_penalty_source": kl_penalty_source,
+            "optimizer_save_interval": optimizer_save_interval,
+            "final_training_step": final_training_step,
+            "grad_accumulation_sequences": grad_accumulation_sequences,
+        }
+        for keyword, value in given.items():
+            if keyword not in train_keywords_of_this_art() and value != NEW_TRAIN_KEYWORDS[keyword]:
+                raise TypeError(f"train() got an unexpected keyword argument {keyword!r}")
         # Argument checks of LocalBackend.train.
         if loss_fn not in {"cispo", "ppo"}:
             raise ValueError(
@@ -414,6 +435,8 @@ class CheckOnlyBackend:
             raise ValueError("CheckOnlyBackend, like LocalBackend, requires adam_params=None.")
         if not normalize_advantages:
             scale_rewards = False
+        if kl_penalty_source not in {"current_learner", "sample"}:
+            raise ValueError("kl_penalty_source must be 'current_learner' or 'sample'")
         if kl_ref_adapter_path is None and kl_penalty_reference_step is not None:
             reference = self.checkpoint_dir(model, kl_penalty_reference_step)
             if not reference.is_dir():
@@ -524,6 +547,7 @@ class CheckOnlyBackend:
                 num_trajectories_learning_rate_multiplier_power
             ),
             "save_checkpoint": save_checkpoint,
+            **{k: v for k, v in given.items() if k in train_keywords_of_this_art()},
         }
         # No await between reading the step and writing the next one, so concurrent train
         # calls in one event loop cannot race; another process loses at the rename.
@@ -583,7 +607,7 @@ class CheckOnlyBackend:
             destination /= s3_bucket
         if prefix and prefix.strip("/"):
             destination /= prefix.strip("/")
-        return destination / model.project / "models" / model.name
+        return destination / model.project / "models" / lineage_name(model)
 
     async def _experimental_push_to_s3(
         self,

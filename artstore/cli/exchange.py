@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from artstore.cli.app import UrlOption, console, err_console, fail, run
+from artstore.cli.shared import UrlOption, console, err_console, fail, run
 
 
 class ExportFormat(StrEnum):

@@ -6,7 +6,6 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.app import UrlOption, console, run
 from artstore.cli.output import (
     FormatOption,
     OutputFormat,
@@ -15,6 +14,7 @@ from artstore.cli.output import (
     text,
     write_json,
 )
+from artstore.cli.shared import UrlOption, console, run
 
 
 def group(

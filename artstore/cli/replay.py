@@ -8,13 +8,13 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.app import UrlOption, UsageError, console, fail, run
 from artstore.cli.output import FormatOption, OutputFormat, print_rows, progress
 from artstore.cli.plugins import (
     PluginError,
     find_backend,
     make_backend,
 )
+from artstore.cli.shared import UrlOption, UsageError, console, fail, run
 
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run (see `artstore runs`).")]
 
@@ -168,15 +168,16 @@ def replay(
 
 
 async def _model_step(store: Any, trainable: Any, loaded: Any, spec: str | None) -> int:
+    from artstore.art_versions import model_key
     from artstore.training.replay import stored_model_step
 
     if loaded is None:
-        return await stored_model_step(store, f"{trainable.project}/{trainable.name}")
+        return await stored_model_step(store, model_key(trainable))
     try:
         return int(await loaded._get_step(trainable))
     except Exception as exc:
         raise PluginError(
-            f"--backend {spec!r}: reading the step of {trainable.project}/{trainable.name} "
+            f"--backend {spec!r}: reading the step of {model_key(trainable)} "
             f"failed: {type(exc).__name__}: {exc}"
         ) from exc
 
@@ -189,8 +190,9 @@ def _trainable_model(
     base = base_model or info.base_model
     if not base:
         raise UsageError(f"run {info.run!r} names no base model: give --base-model")
+    name = name or info.model
     return art.TrainableModel(
-        name=name or info.model, project=project or info.project, base_model=base
+        name=name, run_name=name, project=project or info.project, base_model=base
     )
 
 

@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.app import UrlOption, fail, run
 from artstore.cli.output import FormatOption, OutputFormat, print_table
+from artstore.cli.shared import UrlOption, fail, run
 
 QueryArgument = Annotated[
     str | None,

@@ -6,8 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.app import UrlOption, console, run
 from artstore.cli.output import FormatOption, OutputFormat, print_table, text, write_json
+from artstore.cli.shared import UrlOption, console, run
 
 ROLE_STYLES = {"system": "grey50", "user": "magenta", "assistant": "blue", "tool": "yellow"}
 # Background per tenth of probability, as the viewer colours tokens (low: the model was unsure).

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from artstore.cli.app import UrlOption, console, err_console, run, say_error
+from artstore.cli.shared import UrlOption, console, err_console, run, say_error
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -36,8 +36,7 @@ def ui(
 
         store = await open_for_reading(url)  # a bad URL is one line, before the server starts
         try:
-            database = store.database
-            return database.url.database if database.dialect == "sqlite" else database.display_url
+            return store.database.location
         finally:
             await store.close()
 

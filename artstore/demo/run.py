@@ -96,7 +96,7 @@ async def run_demo(
         backend = Backend(
             path=art_path, inference_base_url=server.base_url, inference_api_key=server.api_key
         )
-        model = art.TrainableModel(name=run, project=PROJECT, base_model=BASE_MODEL)
+        model = art.TrainableModel(name=run, run_name=run, project=PROJECT, base_model=BASE_MODEL)
         await model.register(backend)
         summary = await TrainingFramework(store, progress=False).run_training(
             model=model,

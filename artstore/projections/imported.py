@@ -73,7 +73,11 @@ def imported_trajectory(
     policy_step: int | None = None,
 ) -> art.Trajectory:
     """The `art.Trajectory` of an imported rollout; reward and metrics as for any rollout."""
-    from art.trajectories import History, Trajectory
+    from art.trajectories import Trajectory
+
+    from artstore.art_versions import history_class
+
+    history = history_class()  # LegacyHistory on ART >= 0.5.20
 
     histories = history_items(event, bodies)
     (main, tools), *additional = histories or [([], None)]
@@ -81,7 +85,7 @@ def imported_trajectory(
         messages_and_choices=main,
         tools=tools,
         additional_histories=[
-            History(messages_and_choices=items, tools=history_tools)
+            history(messages_and_choices=items, tools=history_tools)
             for items, history_tools in additional
         ],
         reward=reward,

@@ -194,7 +194,11 @@ def build_trajectory(
 ) -> art.Trajectory:
     """An `art.Trajectory` with trainable `Choice` objects, exactly as ART builds it."""
     from art.langgraph.message_utils import convert_langgraph_messages
-    from art.trajectories import History, Trajectory
+    from art.trajectories import Trajectory
+
+    from artstore.art_versions import history_class
+
+    history = history_class()  # LegacyHistory on ART >= 0.5.20
 
     trajectory = Trajectory(
         messages_and_choices=[],
@@ -216,7 +220,7 @@ def build_trajectory(
             trajectory.tools = conversation.tools  # type: ignore[assignment]
         else:
             trajectory.additional_histories.append(
-                History(messages_and_choices=converted, tools=conversation.tools)  # type: ignore[arg-type]
+                history(messages_and_choices=converted, tools=conversation.tools)  # type: ignore[arg-type]
             )
     return trajectory
 

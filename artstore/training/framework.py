@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from artstore.art_versions import lineage_name
 from artstore.capture.rollout import to_json_value
 from artstore.errors import ArtstoreError, ConfigurationError
 from artstore.events import RunFinished, RunResumed, RunStarted
@@ -612,7 +613,7 @@ class TrainingFramework:
                     RunStarted(
                         run=run,
                         project=model.project,
-                        model=model.name,
+                        model=lineage_name(model),
                         base_model=getattr(model, "base_model", None),
                         config=config.to_json(),
                         scenarios=scenarios,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 
+from artstore import art_versions
 from artstore.errors import ArtstoreError
 from artstore.events import CheckpointPushed, TrainStepCompleted, TrainStepFailed, TrainStepStarted
 from artstore.schema import tables as t
@@ -42,8 +43,12 @@ class BackendStepError(ArtstoreError):
 
 
 def model_key(model: Any) -> str:
-    """How a trained model is named in the store: "project/name"."""
-    return f"{model.project}/{model.name}"
+    """How a trained model is named in the store: "project/<lineage>".
+
+    The lineage is what its checkpoints are kept under: `run_name` on ART >= 0.5.20,
+    `name` on 0.5.18 (`artstore.art_versions.lineage_name`).
+    """
+    return art_versions.model_key(model)
 
 
 def trainer_id() -> str:
