@@ -97,8 +97,10 @@ async def fill_store(url: str, art_path: Path) -> None:
         await train_run(
             store, art_path, run="legs", epochs=3, scenarios=4, batch_size=2, group_size=4
         )
-        await store.rescore("legs", strict_reward, "strict")
-        await store.replay("legs", await new_model(art_path, "agent-strict"), scorer="strict")
+        await artstore.rescore(store, "legs", strict_reward, "strict")
+        await artstore.replay(
+            store, "legs", await new_model(art_path, "agent-strict"), scorer="strict"
+        )
         await record_xss_run(store, art_path)
 
 
