@@ -61,30 +61,33 @@ def in_terminal(columns: int, *args: str) -> str:
     import struct
     import termios
 
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: artstore, its stdout a terminal
-        env = environment(COLUMNS=str(columns), TERM="xterm")
-        env.pop("NO_COLOR", None)
-        os.execve(
-            sys.executable,
-            [sys.executable, "-c", "from artstore.cli import main; main()", *args],
-            env,
-        )
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    main_fd, terminal_fd = pty.openpty()
+    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = environment(COLUMNS=str(columns), TERM="xterm")
+    env.pop("NO_COLOR", None)
+    command = subprocess.Popen(
+        [sys.executable, "-c", "from artstore.cli import main; main()", *args],
+        stdin=terminal_fd,
+        stdout=terminal_fd,
+        stderr=terminal_fd,
+        env=env,
+        close_fds=True,
+    )
+    os.close(terminal_fd)  # the child holds it now: its end closes the terminal
     shown = b""
     while True:
-        ready, _, _ = select.select([fd], [], [], 60)
+        ready, _, _ = select.select([main_fd], [], [], 60)
         if not ready:
             break
         try:
-            chunk = os.read(fd, 65536)
-        except OSError:  # the child closed the terminal
+            chunk = os.read(main_fd, 65536)
+        except OSError:  # the child has closed the terminal
             break
         if not chunk:
             break
         shown += chunk
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, shown.decode(errors="replace")
+    os.close(main_fd)
+    assert command.wait(timeout=60) == 0, shown.decode(errors="replace")
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", shown.decode())
     return text.replace("\r\n", "\n")
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import and_, func, select
 
 from artstore.errors import NotFoundError
+from artstore.schema import tables as t
 from artstore.schema.views import view_table
 
 if TYPE_CHECKING:
@@ -57,28 +58,42 @@ async def runs_table(store: Store) -> list[Row]:
 
 async def _reward_means_by_step(store: Store) -> dict[str, list[Row]]:
     """Per run: the mean latest reward (by the run's scorer) of its policy rollouts, per
-    policy step."""
-    rollouts = view_table("v_rollouts")
+    policy step. (From `v_latest_rewards`: `v_rollouts` would also total every rollout's
+    LLM calls, which the live runs page would pay for at each refresh.)"""
+    rewards = view_table("v_latest_rewards")
     query = (
         select(
-            rollouts.c.run,
-            rollouts.c.policy_step,
-            func.avg(rollouts.c.reward).label("mean"),
-            func.count(rollouts.c.reward).label("n"),
+            rewards.c.run,
+            rewards.c.policy_step,
+            func.avg(rewards.c.reward).label("mean"),
+            func.count().label("n"),
         )
-        .where(
-            rollouts.c.role == "policy",
-            rollouts.c.reward.is_not(None),
-            rollouts.c.run.is_not(None),
+        .select_from(
+            rewards.join(
+                t.runs, and_(t.runs.c.run == rewards.c.run, t.runs.c.scorer == rewards.c.scorer)
+            )
         )
-        .group_by(rollouts.c.run, rollouts.c.policy_step)
-        .order_by(rollouts.c.run, rollouts.c.policy_step)
+        .where(rewards.c.role == "policy")
+        .group_by(rewards.c.run, rewards.c.policy_step)
+        .order_by(rewards.c.run, rewards.c.policy_step)
     )
     found: dict[str, list[Row]] = defaultdict(list)
     async with store.database.read() as c:
         for row in await c.execute(query):
             found[row.run].append({"step": row.policy_step, "mean": float(row.mean), "n": row.n})
+    for points in found.values():  # the databases sort NULL steps apart
+        points.sort(key=lambda point: _step_key(point["step"]))
     return found
+
+
+async def run_names(store: Store) -> list[str]:
+    """The runs' names, in the order they started."""
+    async with store.database.read() as c:
+        return list(
+            (await c.execute(select(t.runs.c.run).order_by(t.runs.c.started_at, t.runs.c.run)))
+            .scalars()
+            .all()
+        )
 
 
 async def run_row(store: Store, run: str) -> Row:

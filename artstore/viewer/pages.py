@@ -93,7 +93,7 @@ async def run_page(request: Request) -> Response:
         "scorers": await run_reading.scorers(store, run),
         "consumption": await run_reading.consumption(store, run),
         "failures": await run_reading.failures(store, run),
-        "other_runs": [r["run"] for r in await run_reading.runs_table(store) if r["run"] != run],
+        "other_runs": [name for name in await run_reading.run_names(store) if name != run],
         "refresh_ms": request.app.state.run_refresh_ms,
     }
     return _render(request, "run.html", context)
@@ -143,8 +143,7 @@ async def compare_scorers_page(request: Request) -> Response:
 
 async def compare_runs_page(request: Request) -> Response:
     store = _store(request)
-    runs = await run_reading.runs_table(store)
-    names = [r["run"] for r in runs]
+    names = await run_reading.run_names(store)
     a = request.query_params.get("a") or (names[0] if names else "")
     b = request.query_params.get("b") or (names[1] if len(names) > 1 else a)
     compared = []
