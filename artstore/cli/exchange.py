@@ -74,7 +74,7 @@ def export(
         import artstore
         from artstore.exchange import export_jsonl, export_parquet
 
-        async with await artstore.open_store(url) as store:
+        async with await artstore.open_store(url, read_only=True) as store:
             if chosen is ExportFormat.jsonl:
                 summary = await export_jsonl(store, run_name, out)
             else:

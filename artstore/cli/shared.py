@@ -47,8 +47,12 @@ class UsageError(Exception):
 
 
 def say_error(message: str) -> None:
-    """One line on stderr, never wrapped to the terminal's width, markup escaped."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    """One line on stderr, never wrapped to the terminal's width, markup escaped, and
+    without any secret this process knows (an API key in an agent's exception)."""
+    from artstore.redaction import redact_known
+
+    line = " ".join(redact_known(message).splitlines()) or "(no message)"
+    err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def run(work: Callable[[], Awaitable[T]]) -> T:

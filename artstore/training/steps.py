@@ -10,7 +10,6 @@ push a crash interrupted is done again.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import socket
@@ -22,6 +21,7 @@ from sqlalchemy import func, select
 
 from artstore.errors import ArtstoreError
 from artstore.events import CheckpointPushed, TrainStepCompleted, TrainStepFailed, TrainStepStarted
+from artstore.redaction import redacting_logger
 from artstore.schema import tables as t
 from artstore.training.groups import load_groups
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from artstore.store import Store
 
-log = logging.getLogger("artstore.training")
+log = redacting_logger("artstore.training")
 
 
 class TrainStepError(ArtstoreError):
@@ -206,8 +206,10 @@ async def train_groups(
             ],
         )
         raise TrainStepError(
-            f"backend.train failed at step {step_before + 1} of run {run!r}: "
-            f"{type(exc).__name__}: {exc} (the groups stay unconsumed; resume to retry)"
+            store.redact(
+                f"backend.train failed at step {step_before + 1} of run {run!r}: "
+                f"{type(exc).__name__}: {exc} (the groups stay unconsumed; resume to retry)"
+            )
         ) from exc
     duration_s = time.monotonic() - clock
     # ART's own history before the record: a crash in between logs the step again on
