@@ -75,9 +75,11 @@ def run(work: Callable[[], Awaitable[T]]) -> T:
         if isinstance(exc, UsageError):
             say_error(str(exc))
             raise typer.Exit(2) from None
-        if isinstance(exc, (ArtstoreError, ValueError, LookupError, OSError)):
+        if isinstance(exc, (ArtstoreError, ValueError, LookupError, OSError)) and not (
+            isinstance(exc, KeyError) and not isinstance(exc, ArtstoreError)
+        ):
             say_error(str(exc))
-        else:
+        else:  # (a KeyError's message is the key alone: it is named)
             lines = str(exc).strip().splitlines()
             first = lines[0] if lines else ""
             say_error(f"{type(exc).__name__}: {first} (--debug shows the traceback)")

@@ -320,6 +320,17 @@ def read_parquet(
     )
 
 
+def _group_index(row: dict[str, Any], path: Path, number: int) -> int:
+    value = row.get("group_index") or 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ExchangeFormatError(
+            f"{path}, row {number}: group_index is {value!r}, not a whole number; nothing "
+            "was imported"
+        ) from None
+
+
 def _file_groups(file: ParquetFile, digest: str, run: str, scorer: str) -> Iterable[ImportedGroup]:
     rows = read_table(file.path)
     started_at = datetime.fromtimestamp(file.path.stat().st_mtime, UTC)
@@ -328,7 +339,7 @@ def _file_groups(file: ParquetFile, digest: str, run: str, scorer: str) -> Itera
     for number, row in enumerate(rows):
         if row.get("reward") is None and row.get("messages") is None:
             continue  # as ART's reader
-        by_index.setdefault(int(row.get("group_index") or 0), []).append((number, row))
+        by_index.setdefault(_group_index(row, file.path, number), []).append((number, row))
     where = (run, file.split, file.step, digest)
     for group_index in sorted(by_index):
         group_id = derived_id("parquet", *where, group_index)

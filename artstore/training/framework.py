@@ -34,7 +34,7 @@ import inspect
 import itertools
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -337,6 +337,10 @@ class TrainingFramework:
         """
         if not isinstance(config, TrainingConfig):
             raise ConfigurationError("config must be an artstore.TrainingConfig")
+        if isinstance(scenarios, str | bytes | Mapping) or not isinstance(scenarios, Iterable):
+            raise ConfigurationError(
+                f"scenarios is a list of scenarios, not a {type(scenarios).__name__}"
+            )
         scenarios = list(scenarios)
         if not scenarios:
             raise ConfigurationError("there are no scenarios to train on")

@@ -117,6 +117,10 @@ async def _settle_open_step(
     if latest and backend_step > open_step.step_before:
         # backend.train returned (or wrote its checkpoint) but the trainer died before the
         # step was recorded: the groups were trained, record that rather than train again.
+        # ART's own history first (the metrics died with the trainer): a crash before the
+        # record leaves the step open, and the next start logs it again, then records it;
+        # recorded first, a crash in between would leave ART's history without the step.
+        await _log_step(model, await load_groups(store, group_ids, open_step.scorer), backend_step)
         await store.append(
             stream,
             [
@@ -130,8 +134,6 @@ async def _settle_open_step(
                 )
             ],
         )
-        # The trajectories of the step for ART's own history (metrics died with the trainer).
-        await _log_step(model, await load_groups(store, group_ids, open_step.scorer), backend_step)
         return (
             f"step {backend_step} of run {open_step.run!r} was trained before a crash but not "
             "recorded; recorded it from the backend's step"
