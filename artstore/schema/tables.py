@@ -85,6 +85,7 @@ class ProjectedText(TypeDecorator):
 
 class ProjectedLongText(ProjectedText):
     impl = Text
+    cache_ok = True
 
 
 ID = ProjectedText(64)
