@@ -289,3 +289,36 @@ def test_the_command_line_stops_a_query_at_its_timeout(database_url):
     )
     assert stopped.returncode == 1
     assert stopped.stderr.count("\n") == 1 and "time limit (1 s)" in stopped.stderr
+
+
+@pytest.fixture
+def plain_user_url(postgres_url: str):
+    """The test database owned by a user who may neither create roles nor bypass rights."""
+    import uuid
+
+    import psycopg
+
+    user = f"artstore_plain_{uuid.uuid4().hex[:8]}"
+    url = make_url(postgres_url)
+    admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin, autocommit=True) as connection:
+        connection.execute(f"CREATE ROLE {user} LOGIN")
+        connection.execute(f'ALTER DATABASE "{url.database}" OWNER TO {user}')
+    try:
+        yield url.set(username=user).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as connection:
+            connection.execute(f"REASSIGN OWNED BY {user} TO postgres")
+            connection.execute(f"DROP OWNED BY {user}")
+            connection.execute(f'ALTER DATABASE "{url.database}" OWNER TO postgres')
+            connection.execute(f"DROP ROLE {user}")
+
+
+async def test_a_store_migrated_by_a_plain_user_works_and_sql_says_what_it_needs(
+    plain_user_url,
+):
+    async with await artstore.open_store(plain_user_url) as store:  # the migration runs
+        await store.append("run-a", [RunFinished(run="a")])
+    async with await artstore.open_store(plain_user_url, read_only=True) as store:
+        with pytest.raises(QueryError, match="artstore_reader"):
+            await query(store, "SELECT count(*) FROM v_runs")

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import Table, func, select
+from sqlalchemy import Table, func, select, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -184,13 +184,23 @@ class PostgresDatabase(Database):
                 )
             role = (
                 await connection.execute(
-                    select(func.count()).where(func.to_regrole(READER_ROLE).is_not(None))
+                    text(
+                        "SELECT to_regrole(:role) IS NOT NULL, "
+                        "to_regrole(:role) IS NOT NULL "
+                        "AND pg_has_role(current_user, :role, 'MEMBER')"
+                    ),
+                    {"role": READER_ROLE},
                 )
-            ).scalar()
-            if not role:
+            ).one()
+            if not role[0]:
                 raise QueryError(
                     f"this database has no role {READER_ROLE}, as whom artstore sql runs "
                     "queries: run `artstore db upgrade` as a user who may create roles"
+                )
+            if not role[1]:
+                raise QueryError(
+                    f"the store's user may not act as {READER_ROLE}, as whom artstore sql "
+                    f"runs queries: GRANT {READER_ROLE} TO <the store's user>"
                 )
             await connection.exec_driver_sql(f"SET LOCAL ROLE {READER_ROLE}")
             yield connection

@@ -154,6 +154,9 @@ def _upgrade_postgresql() -> None:
 
 
 def _create_reader_role() -> None:
+    # Roles belong to the whole server: the role may exist already (another store), and
+    # a user who may not create roles migrates all the same (artstore sql then says the
+    # role is missing, and a user who may creates it with `artstore db upgrade`).
     op.execute(
         f"""
         DO $$
@@ -161,18 +164,31 @@ def _create_reader_role() -> None:
             IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{READER_ROLE}') THEN
                 CREATE ROLE {READER_ROLE} NOLOGIN;
             END IF;
-        EXCEPTION WHEN duplicate_object OR unique_violation THEN
-            NULL;  -- created meanwhile by the migration of another database
+        EXCEPTION
+            WHEN duplicate_object OR unique_violation THEN
+                NULL;  -- created meanwhile by the migration of another database
+            WHEN insufficient_privilege THEN
+                RAISE NOTICE 'artstore: cannot create role {READER_ROLE}; artstore sql will not run';
         END $$
         """
     )
-    superuser = (
-        op.get_bind()
-        .execute(sa.text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user"))
-        .scalar()
-    )
+    bind = op.get_bind()
+    if bind.execute(sa.text(f"SELECT to_regrole('{READER_ROLE}') IS NULL")).scalar():
+        return
+    superuser = bind.execute(
+        sa.text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+    ).scalar()
     if not superuser:  # SET ROLE needs membership, except for a superuser
-        op.execute(f"GRANT {READER_ROLE} TO CURRENT_USER")
+        op.execute(
+            f"""
+            DO $$
+            BEGIN
+                GRANT {READER_ROLE} TO CURRENT_USER;
+            EXCEPTION WHEN insufficient_privilege THEN
+                RAISE NOTICE 'artstore: cannot grant {READER_ROLE} to the store''s user';
+            END $$
+            """
+        )
     op.execute(f"GRANT USAGE ON SCHEMA public TO {READER_ROLE}")
     for view in VIEW_NAMES:
         op.execute(f"GRANT SELECT ON {view} TO {READER_ROLE}")
@@ -188,8 +204,21 @@ def downgrade() -> None:
     for statement in DROP_VIEWS:
         op.execute(statement)
     if dialect == "postgresql":
-        op.execute("GRANT EXECUTE ON FUNCTION pg_catalog.set_config(text, text, boolean) TO PUBLIC")
-        op.execute(f"REVOKE USAGE ON SCHEMA public FROM {READER_ROLE}")
+        superuser = (
+            op.get_bind()
+            .execute(sa.text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user"))
+            .scalar()
+        )
+        if superuser:
+            op.execute(
+                "GRANT EXECUTE ON FUNCTION pg_catalog.set_config(text, text, boolean) TO PUBLIC"
+            )
+        if (
+            op.get_bind()
+            .execute(sa.text(f"SELECT to_regrole('{READER_ROLE}') IS NOT NULL"))
+            .scalar()
+        ):
+            op.execute(f"REVOKE USAGE ON SCHEMA public FROM {READER_ROLE}")
         op.execute("DROP TRIGGER IF EXISTS events_lock_appends ON events")
         op.execute("DROP FUNCTION IF EXISTS artstore_lock_appends()")
         op.execute(
