@@ -20,6 +20,14 @@ class DatabaseUnavailableError(ArtstoreError):
     """The database cannot be reached or opened."""
 
 
+class LockTimeoutError(DatabaseUnavailableError):
+    """A lock another session holds was waited for longer than the database allows."""
+
+
+class StorageFullError(ArtstoreError):
+    """The database has no space left for a write (its disk, or its size limit, is full)."""
+
+
 class SchemaError(ArtstoreError):
     """The database schema does not match what this artstore expects."""
 
@@ -42,6 +50,13 @@ class UnknownEventTypeError(EventError):
 
 class InvalidEventError(EventError, ValueError):
     """An event's payload does not validate or is not JSON."""
+
+
+class AppendRefusedError(EventError):
+    """The database refused an append (a value it cannot store, a constraint it enforces).
+
+    Nothing of that append was written; appends batched with it are not affected.
+    """
 
 
 class WrongExpectedVersionError(ArtstoreError):
@@ -86,6 +101,10 @@ class RewardFunctionError(ArtstoreError):
 
 class NoRolloutError(ArtstoreError, LookupError):
     """An LLM call or chat model that needs a rollout ran outside of any open rollout."""
+
+
+class ReadOnlyStoreError(ArtstoreError):
+    """The store was opened read-only (`open_store(url, read_only=True)`): it cannot record."""
 
 
 class StoreClosedError(ArtstoreError):

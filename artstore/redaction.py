@@ -9,6 +9,7 @@ in an exception's message or in a URL printed by a client is gone too.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -59,6 +60,11 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+# Every secret a Redactor of this process was told about (a model's key, a URL's
+# password): log lines and error messages are redacted with them too (`redact_known`).
+_SEEN: set[str] = set()
+
+
 class Redactor:
     """Replaces every known secret in a text with `[REDACTED]`."""
 
@@ -66,6 +72,7 @@ class Redactor:
         found = {s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH}
         for url in urls:
             found |= {s for s in secrets_in_url(url) if len(s) >= MIN_SECRET_LENGTH}
+        _SEEN.update(found)
         found |= secrets_from_environment()
         # Longest first, so that a key containing another is replaced whole.
         self._secrets = sorted(found, key=len, reverse=True)
@@ -83,3 +90,28 @@ class Redactor:
             if secret in text:
                 text = text.replace(secret, REDACTED)
         return text
+
+
+def redact_known(text: str) -> str:
+    """`text` without any secret this process knows: key-like environment variables and
+    every key or password a Redactor was given. For log lines and error messages."""
+    return Redactor(_SEEN)(text)
+
+
+class RedactingFilter(logging.Filter):
+    """Rewrites each record of a logger with its secrets redacted (`redact_known`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_known(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+def redacting_logger(name: str) -> logging.Logger:
+    """`logging.getLogger(name)`, whose records never carry a known secret."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+        logger.addFilter(RedactingFilter())
+    return logger

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from artstore.errors import DatabaseUnavailableError, NotFoundError
 from artstore.eventstore.database import Database, connect, translate_error
@@ -156,23 +157,46 @@ async def latest_rewards(
     return found
 
 
-async def open_store(url: str | None = None, *, migrate_schema: bool = True) -> Store:
+async def open_store(
+    url: str | None = None, *, migrate_schema: bool = True, read_only: bool = False
+) -> Store:
     """Open the store at `url`, `$ARTSTORE_URL`, or `.artstore/artstore.db` here.
 
     The schema is brought up to date unless `migrate_schema` is False; a database written
     by a newer artstore is refused (SchemaTooNewError), and an unreachable one raises
     DatabaseUnavailableError.
+
+    `read_only=True` opens an existing store for reading (what `artstore runs`, `show`,
+    `sql` and `export` do): nothing is created or migrated, the SQLite file is opened
+    read-only (read-only media work, writers are never waited for), PostgreSQL sessions
+    are read-only; a missing database, another application's, or one that needs
+    `artstore db upgrade` is a clear error, and appending raises ReadOnlyStoreError.
     """
-    database = connect(resolve_url(url))
+    database = connect(resolve_url(url, create_folder=not read_only), read_only=read_only)
     try:
         await database.check_reachable()
-        await prepare_schema(database, upgrade=migrate_schema)
+        if read_only:
+            await check_readable(database)
+        else:
+            await prepare_schema(database, upgrade=migrate_schema)
     except BaseException:
         await database.dispose()
         raise
     from artstore.projections import project  # LangChain's messages: not for `--help`
 
     return Store(database, projector=project)
+
+
+async def check_readable(database: Database) -> str:
+    """The schema revision of a store opened read-only (see `migrate.check_readable`)."""
+    try:
+        async with database.read() as connection:
+            return await connection.run_sync(migrate.check_readable, database.location)
+    except DBAPIError as exc:  # a file that is no database, a server that refuses us
+        message = (str(exc.orig or exc).strip().splitlines() or [""])[0]
+        raise DatabaseUnavailableError(
+            f"cannot read the database at {database.location}: {message}"
+        ) from None
 
 
 async def prepare_schema(database: Database, *, upgrade: bool) -> str | None:

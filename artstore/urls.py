@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from sqlalchemy.engine import URL, make_url
@@ -18,14 +19,26 @@ _ASYNC_DRIVERS = {"sqlite": "aiosqlite", "postgresql": "asyncpg"}
 _ALIASES = {"postgres": "postgresql"}
 
 
-def resolve_url(url: str | None = None) -> URL:
+# What starts a URL: a scheme and its colon (`postgresql:`, `sqlite+aiosqlite:`).
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def resolve_url(url: str | None = None, *, create_folder: bool = True) -> URL:
     """The SQLAlchemy async URL for `url`, `$ARTSTORE_URL`, or `.artstore/artstore.db`.
 
     Accepts `sqlite:///path`, `postgresql://user@host/db` (any driver suffix) or a plain
-    file path, and always returns the async driver artstore runs on.
+    file path, and always returns the async driver artstore runs on. Something that starts
+    like a URL but is not one (`postgresql:/user@host/db`) is refused, never taken for a
+    file name. `create_folder`: make the SQLite file's folder (not when only reading).
     """
     raw = url or os.environ.get(URL_ENV) or str(Path.cwd() / DEFAULT_SQLITE_PATH)
     if "://" not in raw:
+        if _SCHEME.match(raw):
+            raise ConfigurationError(
+                f"not a database URL: {redact(raw)!r} (a URL reads scheme://..., as in "
+                "postgresql://user@host/db or sqlite:///path; to name a file whose name "
+                "holds ':', write ./name)"
+            )
         raw = f"sqlite:///{Path(raw).expanduser().resolve()}"
     try:
         parsed = make_url(raw)
@@ -45,6 +58,8 @@ def resolve_url(url: str | None = None) -> URL:
                 "(several connections and processes share it)"
             )
         folder = Path(parsed.database).expanduser().parent
+        if not create_folder:
+            return parsed
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -59,5 +74,5 @@ def redact(url: str | URL) -> str:
     """The URL with its password hidden, for messages and logs."""
     try:
         return make_url(str(url)).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "<unparseable URL>"
+    except ArgumentError:  # not a URL: hide what sits where a password would
+        return re.sub(r":[^:@/]+@", ":***@", str(url))

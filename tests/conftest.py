@@ -64,6 +64,16 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'artstore.db'}"
         return
+    yield from _fresh_postgres_database()
+
+
+@pytest.fixture(params=["postgresql"])
+def postgres_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh PostgreSQL database, for what only PostgreSQL has (connections, roles)."""
+    yield from _fresh_postgres_database()
+
+
+def _fresh_postgres_database() -> Iterator[str]:
     admin_url = _postgres_admin_url()
     assert admin_url is not None
     conninfo, url = _create_postgres_database(admin_url)

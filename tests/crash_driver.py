@@ -18,7 +18,9 @@ from outside:
 - before-completed / after-completed: `store.append` of a (not reconciled)
   `train_step.completed`, just before it / just after it committed;
 - push: inside `_experimental_push_to_s3`, after the copy, before it returns;
-- before-finished: `store.append` of `run.finished`, just before it.
+- before-finished: `store.append` of `run.finished`, just before it;
+- before-reconciled / after-reconciled: `store.append` of a reconciled
+  `train_step.completed` (a step found trained after a crash), just before / after it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ POINTS = (
     "after-completed",
     "push",
     "before-finished",
+    "before-reconciled",
+    "after-reconciled",
 )
 MODEL_NAME = "crash"
 PROJECT = "crashtest"
@@ -140,13 +144,18 @@ async def train(url: str, workdir: Path, plan: str) -> None:
 
         async def append_with_crashes(stream_id: str, events: Any, *args: Any, **kwargs: Any):
             completes = any(isinstance(e, TrainStepCompleted) and not e.reconciled for e in events)
+            reconciles = any(isinstance(e, TrainStepCompleted) and e.reconciled for e in events)
             if completes:
                 crasher.reached("before-completed")
+            if reconciles:
+                crasher.reached("before-reconciled")
             if any(isinstance(e, RunFinished) for e in events):
                 crasher.reached("before-finished")
             result = await append(stream_id, events, *args, **kwargs)
             if completes:
                 crasher.reached("after-completed")
+            if reconciles:
+                crasher.reached("after-reconciled")
             if any(isinstance(e, GroupSealed) for e in events):
                 crasher.reached("sealed")
             return result

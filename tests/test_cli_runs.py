@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
@@ -13,6 +14,8 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import pytest
 from recorded_run import RUN, record_run
 from trained_run import cli, in_store, one_line_error, train_run_sync
+
+import artstore
 
 
 @pytest.fixture(autouse=True)
@@ -51,7 +54,18 @@ def test_runs_lists_a_trained_run(database_url, tmp_path):
     assert parsed["run"] == trained.run and parsed["steps"] == "4"
 
 
+def created(database_url: str) -> str:
+    """An empty store (`runs` and `show` read one; they create nothing)."""
+
+    async def create() -> None:
+        await (await artstore.open_store(database_url)).close()
+
+    asyncio.run(create())
+    return database_url
+
+
 def test_runs_of_an_empty_store(database_url):
+    created(database_url)
     table = cli("runs", "--url", database_url)
     listed = cli("runs", "--format", "json", "--url", database_url)
     assert table.exit_code == 0 and "no runs in this store" in table.stdout
@@ -172,6 +186,7 @@ def test_show_one_section_as_csv_or_json(database_url, recorded):
 
 
 def test_show_unknown_run_is_a_clear_error(database_url):
+    created(database_url)
     result = cli("show", "nope", "--url", database_url, columns=40)
     assert result.exit_code == 1
     assert "no run 'nope' in this store (see `artstore runs`)" in one_line_error(result)

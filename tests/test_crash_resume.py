@@ -238,6 +238,38 @@ async def check_run(store: artstore.Store, seen: list[dict[str, set[str]]], work
     await assert_consistent(store)
 
 
+async def test_a_crash_while_reconciling_a_step_leaves_arts_history_whole(
+    database_url: str, tmp_path: Path, processes: Any
+) -> None:
+    """A step trained before a crash is logged to ART's history before it is recorded.
+
+    The first crash, inside backend.train once the checkpoint is written, leaves step 1
+    trained but neither logged nor recorded; the next start reconciles it and is killed
+    just before the record, the one after that just after it. ART's history
+    (`model.log`'s parquet files) must hold step 1 all the same.
+    """
+    plan = ["train-end:1", "before-reconciled:1", "after-reconciled:1"]
+    workdir = tmp_path / "reconcile"
+    workdir.mkdir()
+    codes = []
+    async with await artstore.open_store(database_url) as store:
+        for number in range(len(plan) + 1):
+            codes.append(
+                await asyncio.to_thread(run_driver, processes, database_url, workdir, number, plan)
+            )
+            if codes[-1] == 0:
+                break
+        assert codes == [-9, -9, -9, 0], (workdir / f"log-{len(codes) - 1}.txt").read_text()
+        steps = await rows(store, t.train_steps)
+        completed = sorted(s.step for s in steps if s.status == "completed")
+        assert completed == list(range(1, NUM_STEPS + 1))
+        assert [s.step for s in steps if s.reconciled] == [1]  # reconciled once, recorded once
+    history = CheckOnlyBackend(path=workdir / "art").model_dir(_model()) / "trajectories"
+    assert sorted(p.name for p in (history / "train").glob("*.parquet")) == [
+        f"{s:04d}.parquet" for s in range(1, NUM_STEPS + 1)
+    ]
+
+
 async def test_a_trainer_in_another_process_gets_a_clear_error(
     database_url: str, tmp_path: Path, processes: Any
 ) -> None:

@@ -144,21 +144,69 @@ async def test_group_commit_takes_apart_a_batch_with_one_conflict(store):
     assert store.transactions - before <= 4
 
 
-async def test_events_and_blobs_refuse_update_and_delete(store):
+async def _stored_rows(store) -> tuple[list, list]:
+    async with store.database.read() as connection:
+        stored_events = (await connection.execute(select(events).order_by(events.c.position))).all()
+        stored_blobs = (await connection.execute(select(blobs).order_by(blobs.c.hash))).all()
+    return stored_events, stored_blobs
+
+
+# Ordinary statements that would change or remove a stored event or blob, each database's
+# own: SQLite's REPLACE deletes the row it collides with without firing DELETE triggers.
+_COLUMNS = "position, event_id, stream_id, version, type, data, recorded_at"
+TAMPERING = {
+    "sqlite": [
+        f"INSERT OR REPLACE INTO events ({_COLUMNS}) "
+        f"SELECT position, event_id, stream_id, version, 'tampered', data, recorded_at FROM events",
+        "REPLACE INTO events (event_id, stream_id, version, type, data, recorded_at) "
+        "VALUES ('other-id', 'run-z', 1, 'tampered', '{}', '2026-01-01 00:00:00.000000')",
+        f"INSERT INTO events ({_COLUMNS}) SELECT * FROM events WHERE true "
+        "ON CONFLICT (event_id) DO UPDATE SET type = 'tampered'",
+        "INSERT INTO events (event_id, stream_id, version, type, data, recorded_at) "
+        "VALUES ('other-id', 'run-z', 1, 'x', '{}', '2026-01-01') ON CONFLICT DO NOTHING",
+        "UPDATE OR REPLACE events SET version = 7",
+        "REPLACE INTO blobs (hash, body, size) SELECT hash, '{}', 2 FROM blobs",
+        "INSERT OR REPLACE INTO blobs (hash, body, size) SELECT hash, '[]', 2 FROM blobs",
+        "INSERT INTO blobs (hash, body, size) SELECT hash, '{}', 2 FROM blobs WHERE true "
+        "ON CONFLICT (hash) DO UPDATE SET body = excluded.body",
+    ],
+    "postgresql": [
+        f"INSERT INTO events ({_COLUMNS}) SELECT * FROM events "
+        "ON CONFLICT (event_id) DO UPDATE SET type = 'tampered'",
+        "INSERT INTO blobs (hash, body, size) SELECT hash, '{}', 2 FROM blobs "
+        "ON CONFLICT (hash) DO UPDATE SET body = excluded.body",
+        "MERGE INTO events USING (SELECT 1) AS s ON true "
+        "WHEN MATCHED THEN UPDATE SET type = 'tampered'",
+        "MERGE INTO events USING (SELECT 1) AS s ON true WHEN MATCHED THEN DELETE",
+        "MERGE INTO blobs USING (SELECT 1) AS s ON true WHEN MATCHED THEN UPDATE SET body = '{}'",
+        "MERGE INTO blobs USING (SELECT 1) AS s ON true WHEN MATCHED THEN DELETE",
+        "TRUNCATE events",
+        "TRUNCATE blobs",
+        "TRUNCATE events, blobs RESTART IDENTITY CASCADE",
+        "WITH gone AS (DELETE FROM events RETURNING *) SELECT count(*) FROM gone",
+    ],
+}
+
+
+async def test_no_ordinary_statement_changes_or_removes_a_stored_event_or_blob(store):
     digest, body = encode_blob({"role": "user", "content": "hi"})
     await store.append("run-z", [finished("z")], NO_STREAM, blobs={digest: body})
-    statements = [
+    before = await _stored_rows(store)
+    for statement in [
         "UPDATE events SET type = 'tampered'",
         "DELETE FROM events",
         "UPDATE blobs SET body = '{}'",
         "DELETE FROM blobs",
-    ]
-    for statement in statements:
+        *TAMPERING[store.dialect],
+    ]:
         with pytest.raises(Exception) as raised:
             async with store.database.write() as connection:
                 await connection.execute(text(statement))
         assert isinstance(translate_error(raised.value), ImmutableEventError), statement
-    assert [e.decode().run for e in await store.read_all()] == ["z"]
+        assert await _stored_rows(store) == before, statement
+    # The store's own writes still go through (a blob stored again is left as it is).
+    await store.append("run-z", [finished("z2")], blobs={digest: body})
+    assert [e.decode().run for e in await store.read_all()] == ["z", "z2"]
 
 
 async def test_blobs_are_stored_once_by_content(store):

@@ -1,6 +1,9 @@
-"""Analysis: read-only SQL over a store (`artstore sql`), on the views of
-`artstore.schema.views` or any table."""
+"""Analysis: read-only SQL over a store's views (`artstore sql`).
 
-from artstore.analysis.sql import QueryResult, query
+`query(store, sql)` returns every row; `stream_query(store, sql)` hands them over as the
+database sends them.
+"""
 
-__all__ = ["QueryResult", "query"]
+from artstore.analysis.sql import QueryResult, QueryRows, query, stream_query
+
+__all__ = ["QueryResult", "QueryRows", "query", "stream_query"]

@@ -7,10 +7,7 @@ db upgrade`, and a SQLite file that does not exist is an error, not a new databa
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
-
-from artstore.errors import NotFoundError
 
 if TYPE_CHECKING:
     from artstore.analysis.sql import QueryResult
@@ -18,29 +15,11 @@ if TYPE_CHECKING:
 
 
 async def open_for_reading(url: str | None) -> Store:
-    """The store at `url` (`$ARTSTORE_URL`, then `.artstore/artstore.db`), opened to read."""
-    from artstore.schema.migrate import current_revision
+    """The store at `url` (`$ARTSTORE_URL`, then `.artstore/artstore.db`), opened read-only:
+    a missing or foreign database, or an older schema, is one clear error."""
     from artstore.store import open_store
-    from artstore.urls import resolve_url
 
-    database_url = resolve_url(url)
-    if (
-        database_url.get_backend_name() == "sqlite"
-        and not Path(database_url.database or "").exists()
-    ):
-        raise NotFoundError(f"no artstore database at {database_url.database}")
-    store = await open_store(url, migrate_schema=False)
-    try:
-        async with store.database.read() as connection:
-            revision = await connection.run_sync(current_revision)
-    except BaseException:
-        await store.close()
-        raise
-    if revision is None:
-        where = store.database.display_url
-        await store.close()
-        raise NotFoundError(f"no artstore schema in the database at {where}: nothing recorded yet")
-    return store
+    return await open_store(url, read_only=True)
 
 
 async def run_sql(store: Store, sql: str) -> QueryResult:

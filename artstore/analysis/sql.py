@@ -1,22 +1,25 @@
 """Read-only SQL over a store: what `artstore sql` runs.
 
-    columns, rows = await artstore.analysis.query(store, "SELECT * FROM v_runs")
+    result = await artstore.analysis.query(store, "SELECT * FROM v_runs")
+    async with artstore.analysis.stream_query(store, sql) as rows:
+        print(rows.columns)
+        async for row in rows:
+            ...
 
-A query is one statement that reads. Two independent guards make sure of it:
+Safe by construction, in layers that do not depend on each other:
 
-1. the text: one statement only (`;` inside strings, quoted names and comments is fine),
-   starting with SELECT, WITH, VALUES or EXPLAIN, and naming no statement that writes
-   (INSERT, UPDATE, DELETE, DROP, ATTACH, PRAGMA...) even inside a CTE;
-2. the database: PostgreSQL runs it in a `READ ONLY` transaction; SQLite runs it with
-   `PRAGMA query_only` on and an authorizer that refuses ATTACH, DETACH and turning
-   `query_only` off; both drivers refuse a second statement themselves. The connection
-   is discarded afterwards, so nothing the query did to its session outlives it.
-
-This keeps an analyst from changing a store by accident; it is not a sandbox against
-someone who holds the database's credentials anyway (they can run `psql`).
+1. the parser (sqlglot, in the store's dialect): one statement, a query (SELECT, VALUES,
+   WITH ... SELECT, EXPLAIN of those) with nothing that writes anywhere in it (a
+   data-modifying CTE, SELECT INTO, FOR UPDATE), and no call of a function that changes
+   the session, runs SQL given as text or takes locks;
+2. the database: PostgreSQL runs the query as the role `artstore_reader`, which may read
+   the views and nothing else, in a READ ONLY transaction with a statement timeout;
+   SQLite opens the file read-only (`mode=ro`), with an authorizer that lets the query
+   read the views and nothing else, and a progress handler that stops it at the timeout;
+3. rows are streamed (a server-side cursor on PostgreSQL), never all held in memory.
 
 Values come back the same from both databases: timestamps as UTC text, booleans as 0/1,
-JSON as its canonical text, PostgreSQL's numerics as int or float.
+JSON as its text, PostgreSQL's numerics as int or float.
 """
 
 from __future__ import annotations
@@ -24,39 +27,58 @@ from __future__ import annotations
 import datetime as dt
 import re
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from decimal import Decimal
 from typing import Any, NamedTuple
 
-from sqlalchemy.exc import DBAPIError
+import sqlglot
+from sqlalchemy import text
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
 
-from artstore.errors import DatabaseUnavailableError, QueryError, QueryRefusedError
-from artstore.eventstore.blobs import canonical_json
+from artstore.errors import ArtstoreError, DatabaseUnavailableError, QueryError, QueryRefusedError
 from artstore.eventstore.database import Database
 
-READING_STATEMENTS = ("SELECT", "WITH", "VALUES", "EXPLAIN")
-# Words that only a statement that writes (or changes the session) contains. (Statements
-# that start otherwise than READING_STATEMENTS are refused anyway: this catches them
-# inside a query, like PostgreSQL's `WITH gone AS (DELETE ...) SELECT ...`.)
-WRITING_WORDS = frozenset(
-    {
-        "ALTER",
-        "ATTACH",
-        "CALL",
-        "COPY",
-        "CREATE",
-        "DELETE",
-        "DETACH",
-        "DROP",
-        "GRANT",
-        "INSERT",
-        "MERGE",
-        "PRAGMA",
-        "REINDEX",
-        "REVOKE",
-        "TRUNCATE",
-        "UPDATE",
-        "VACUUM",
-    }
+DEFAULT_TIMEOUT_S = 30.0
+BATCH_SIZE = 1000
+
+# sqlglot's name for each database.
+_DIALECTS = {"sqlite": "sqlite", "postgresql": "postgres"}
+# Nodes of statements that write or change the database or the session.
+_WRITING = (
+    exp.Insert,
+    exp.Update,
+    exp.Delete,
+    exp.Merge,
+    exp.Create,
+    exp.Drop,
+    exp.Alter,
+    exp.TruncateTable,
+    exp.Copy,
+    exp.Command,
+    exp.Pragma,
+    exp.Set,
+    exp.Transaction,
+    exp.Commit,
+    exp.Rollback,
+    exp.Grant,
+    exp.Attach,
+    exp.Detach,
+    exp.Use,
+    exp.Into,
+    exp.Lock,
+)
+# Functions a query must not call: they change the session (set_config leaves the
+# reader role), run SQL given as text (query_to_xml, dblink), or take locks that the
+# store's writers and trainers use (advisory locks). The database refuses the rest.
+_REFUSED_FUNCTIONS = re.compile(
+    r"^(set_config|dblink\w*|\w*_to_xml\w*|pg_(try_)?advisory\w*|load_extension)$"
+)
+_READING = (exp.Select, exp.SetOperation, exp.Values, exp.Subquery)
+_EXPLAIN = re.compile(
+    r"^\s*EXPLAIN\b(\s+QUERY\s+PLAN\b|\s*\([^()]*\)|(\s+(ANALY[SZ]E|VERBOSE)\b)*)",
+    re.IGNORECASE,
 )
 
 
@@ -65,25 +87,53 @@ class QueryResult(NamedTuple):
     rows: list[tuple[Any, ...]]
 
 
-async def query(store: Any, sql: str) -> QueryResult:
-    """Run one read-only statement on `store` (a Store, EventStore or Database).
+class QueryRows:
+    """The rows of a running query, as they come: `async for row in rows`."""
 
-    Raises QueryRefusedError for anything but one statement that reads, QueryError when
-    the database reports an error in the query.
+    def __init__(self, columns: list[str], batches: AsyncIterator[list[tuple[Any, ...]]]):
+        self.columns = columns
+        self._batches = batches
+
+    async def batches(self) -> AsyncIterator[list[tuple[Any, ...]]]:
+        async for batch in self._batches:
+            yield [tuple(plain(value) for value in row) for row in batch]
+
+    async def __aiter__(self) -> AsyncIterator[tuple[Any, ...]]:
+        async for batch in self.batches():
+            for row in batch:
+                yield row
+
+
+async def query(store: Any, sql: str, *, timeout: float | None = DEFAULT_TIMEOUT_S) -> QueryResult:
+    """Run one read-only query on `store` (a Store, EventStore or Database); all its rows.
+
+    Raises QueryRefusedError for anything but one query that reads the views, QueryError
+    when the database reports an error in it or it runs longer than `timeout` seconds
+    (None: no limit).
     """
+    async with stream_query(store, sql, timeout=timeout) as rows:
+        return QueryResult(rows.columns, [row async for row in rows])
+
+
+@asynccontextmanager
+async def stream_query(
+    store: Any, sql: str, *, timeout: float | None = DEFAULT_TIMEOUT_S
+) -> AsyncIterator[QueryRows]:
+    """`query`, with the rows streamed as the database sends them."""
     database: Database = getattr(store, "database", store)
+    statement = read_only_statement(sql, database.dialect)
     if hasattr(store, "flush"):
         await store.flush()  # see what this process appended
-    statement = read_only_statement(sql, database.dialect)
-    return await run_read_only(database, statement)
+    async with stream_read_only(database, statement, timeout=timeout) as rows:
+        yield rows
 
 
-# --- the text -----------------------------------------------------------------------------
+# --- the parser ---------------------------------------------------------------------------
 
 
 def read_only_statement(sql: str, dialect: str) -> str:
-    """The one statement of `sql`, without its trailing `;`, if it only reads."""
-    statements = _split(sql, dialect)
+    """The one statement of `sql`, without its trailing `;`, if it is a query that only reads."""
+    statements = _parse(sql, dialect)
     if not statements:
         raise QueryRefusedError("the query is empty: give one SELECT statement")
     if len(statements) > 1:
@@ -91,166 +141,146 @@ def read_only_statement(sql: str, dialect: str) -> str:
             f"refused: the query holds {len(statements)} statements; artstore sql runs "
             "exactly one read-only statement (no `;` between statements)"
         )
-    text, code = statements[0]
-    words = re.findall(r"[A-Za-z_][A-Za-z0-9_$]*", code)
-    first = words[0].upper() if words else ""
-    if first not in READING_STATEMENTS:
+    (statement,) = statements
+    if isinstance(statement, exp.Command) and statement.name.upper() == "EXPLAIN":
+        explained = _EXPLAIN.match(sql.strip().rstrip(";"))
+        if explained is None:
+            raise QueryRefusedError("refused: EXPLAIN with options artstore sql cannot check")
+        read_only_statement(sql.strip().rstrip(";")[explained.end() :], dialect)
+        return sql.strip().rstrip(";").strip()
+    _check_reads_only(statement)
+    return _strip(sql)
+
+
+def _parse(sql: str, dialect: str) -> list[exp.Expression]:
+    try:
+        parsed = sqlglot.parse(sql, read=_DIALECTS[dialect])
+    except (ParseError, TokenError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise QueryRefusedError(f"refused: the query does not parse ({first})") from None
+    return [statement for statement in parsed if statement is not None]
+
+
+def _check_reads_only(statement: exp.Expression) -> None:
+    if not isinstance(statement, _READING):
+        kind = statement.key.upper() if statement.key else type(statement).__name__
         raise QueryRefusedError(
-            f"refused: artstore sql only reads, and {first or 'this'} is not a query "
-            f"(start with {', '.join(READING_STATEMENTS[:-1])} or {READING_STATEMENTS[-1]})"
+            f"refused: artstore sql only reads, and {kind} is not a query "
+            "(start with SELECT, WITH, VALUES or EXPLAIN)"
         )
-    writing = sorted({word.upper() for word in words} & WRITING_WORDS)
-    if writing:
-        raise QueryRefusedError(
-            f"refused: artstore sql only reads, and the query contains {writing[0]}"
-        )
+    for node in statement.walk():
+        if isinstance(node, _WRITING):
+            raise QueryRefusedError(
+                f"refused: artstore sql only reads, and the query contains {node.key.upper()}"
+            )
+        if isinstance(node, exp.Select) and node.args.get("locks"):
+            raise QueryRefusedError("refused: artstore sql only reads (no FOR UPDATE/SHARE)")
+        if isinstance(node, exp.Func):
+            name = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
+            if _REFUSED_FUNCTIONS.match(name):
+                raise QueryRefusedError(f"refused: artstore sql does not call {name}()")
+
+
+def _strip(sql: str) -> str:
+    """`sql` without the blanks and `;` after its statement (the one statement is checked)."""
+    text = sql.strip()
+    while text.endswith(";"):
+        text = text[:-1].rstrip()
     return text
-
-
-def _split(sql: str, dialect: str) -> list[tuple[str, str]]:
-    """The statements of `sql` as (text, code without strings and comments), empty ones
-    left out. Quotes and comments follow the dialect: PostgreSQL's dollar quotes, E''
-    strings and nested comments; SQLite's `names` and [names]."""
-    statements: list[tuple[str, str]] = []
-    start, i, n = 0, 0, len(sql)
-    code: list[str] = []
-    postgres = dialect == "postgresql"
-    while i < n:
-        ch = sql[i]
-        if sql.startswith("--", i):
-            end = sql.find("\n", i)
-            i = n if end < 0 else end + 1
-            code.append(" ")
-        elif sql.startswith("/*", i):
-            i = _block_comment_end(sql, i, nested=postgres)
-            code.append(" ")
-        elif ch == "'":
-            backslashes = postgres and i > 0 and sql[i - 1] in "eE" and not _word_before(sql, i - 1)
-            i = _quote_end(sql, i, "'", backslashes)
-            code.append(" '' ")
-        elif ch == '"' or (not postgres and ch == "`"):
-            i = _quote_end(sql, i, ch, False)
-            code.append(' "" ')
-        elif not postgres and ch == "[":
-            end = sql.find("]", i + 1)
-            i = n if end < 0 else end + 1
-            code.append(' "" ')
-        elif postgres and ch == "$" and (tag := re.match(r"\$([A-Za-z_]\w*)?\$", sql[i:])):
-            if _word_before(sql, i):  # `a$b$` is a name, not a quote
-                code.append(ch)
-                i += 1
-                continue
-            end = sql.find(tag.group(0), i + len(tag.group(0)))
-            i = n if end < 0 else end + len(tag.group(0))
-            code.append(" '' ")
-        elif ch == ";":
-            _keep(statements, sql[start:i], code)
-            start, i, code = i + 1, i + 1, []
-        else:
-            code.append(ch)
-            i += 1
-    _keep(statements, sql[start:], code)
-    return statements
-
-
-def _keep(statements: list[tuple[str, str]], text: str, code: list[str]) -> None:
-    joined = "".join(code)
-    if joined.strip():
-        statements.append((text.strip(), joined))
-
-
-def _word_before(sql: str, i: int) -> bool:
-    return i > 0 and (sql[i - 1].isalnum() or sql[i - 1] in "_$")
-
-
-def _quote_end(sql: str, i: int, quote: str, backslashes: bool) -> int:
-    """The index after the quoted text starting at `i` (doubled quotes stay inside)."""
-    j = i + 1
-    while j < len(sql):
-        if backslashes and sql[j] == "\\":
-            j += 2
-        elif sql[j] == quote:
-            if sql.startswith(quote * 2, j):
-                j += 2
-            else:
-                return j + 1
-        else:
-            j += 1
-    return len(sql)
-
-
-def _block_comment_end(sql: str, i: int, nested: bool) -> int:
-    depth, j = 0, i
-    while j < len(sql):
-        if sql.startswith("/*", j):
-            depth = depth + 1 if nested or depth == 0 else depth
-            j += 2
-        elif sql.startswith("*/", j):
-            depth -= 1
-            j += 2
-            if depth == 0:
-                return j
-        else:
-            j += 1
-    return len(sql)
 
 
 # --- the database -------------------------------------------------------------------------
 
 
-async def run_read_only(database: Database, statement: str) -> QueryResult:
-    """Run `statement` in a read-only transaction on a connection used for nothing else.
-
-    The text is not checked here (see `read_only_statement`): the database itself refuses
-    anything that writes.
-    """
-    async with database.read() as connection:
+@asynccontextmanager
+async def stream_read_only(
+    database: Database, statement: str, *, timeout: float | None = DEFAULT_TIMEOUT_S
+) -> AsyncIterator[QueryRows]:
+    """Run `statement` confined by the database alone (the text is not checked here)."""
+    async with database.query_session(timeout) as session:
+        # SQLite's clock counts the work of each batch, as PostgreSQL's statement timeout
+        # counts each fetch from its cursor.
+        restart_clock = session.info.get("restart_clock", lambda: None)
         try:
-            await database.confine_query(connection)
-            result = await connection.exec_driver_sql(statement)
-            if not result.returns_rows:
-                return QueryResult([], [])
-            columns = list(result.keys())
-            rows = [tuple(plain(value) for value in row) for row in result.fetchall()]
-            return QueryResult(columns, rows)
-        except DBAPIError as exc:
-            raise _query_error(exc, database) from None
-        finally:
-            await connection.invalidate()  # its session state dies with it
+            # The text as given: `:name` is not a parameter to SQLAlchemy here.
+            result = await session.stream(text(statement.replace(":", "\\:")))
+        except Exception as exc:  # the driver's, adapted by SQLAlchemy or not (a cursor's)
+            raise _query_error(exc, database, timeout) from None
+        columns = list(result.keys())
+
+        async def batches() -> AsyncIterator[list[tuple[Any, ...]]]:
+            while True:
+                restart_clock()
+                try:
+                    batch = await result.fetchmany(BATCH_SIZE)
+                except Exception as exc:
+                    raise _query_error(exc, database, timeout) from None
+                if not batch:
+                    return
+                yield [tuple(row) for row in batch]
+
+        yield QueryRows(columns, batches())
+
+
+async def run_read_only(
+    database: Database, statement: str, *, timeout: float | None = DEFAULT_TIMEOUT_S
+) -> QueryResult:
+    """`stream_read_only`, all rows at once."""
+    async with stream_read_only(database, statement, timeout=timeout) as rows:
+        return QueryResult(rows.columns, [row async for row in rows])
 
 
 _REFUSALS = (
     "read-only transaction",  # PostgreSQL: cannot execute DELETE in a read-only transaction
-    "readonly database",  # SQLite: attempt to write a readonly database (query_only)
+    "permission denied",  # PostgreSQL: the reader role may read the views only
+    "must be superuser",
+    "must be a superuser",
+    "must be a member",
+    "password is required",  # dblink: a non-superuser must give a password
+    "password or gssapi",
+    "readonly database",  # SQLite: attempt to write a readonly database
     "not authorized",  # SQLite: the authorizer
+    "prohibited",  # SQLite: access to x is prohibited (the authorizer, for a table)
 )
 _SEVERAL = (
     "multiple commands",  # asyncpg: cannot insert multiple commands into a prepared statement
     "one statement at a time",  # sqlite3
 )
+_TIMEOUTS = (
+    "statement timeout",  # PostgreSQL: canceling statement due to statement timeout
+    "interrupted",  # SQLite: the progress handler
+)
 
 
-def _query_error(exc: DBAPIError, database: Database) -> Exception:
-    text = str(exc.orig or exc).strip()
+def _query_error(exc: Exception, database: Database, timeout: float | None) -> Exception:
+    if isinstance(exc, ArtstoreError):
+        return exc
+    text = str(getattr(exc, "orig", None) or exc).strip()
     # asyncpg's errors, adapted by SQLAlchemy, read "<class '...'>: message".
     message = re.sub(r"^<class '[^']+'>:\s*", "", text.splitlines()[0] if text else "")
     lowered = message.lower()
+    if any(part in lowered for part in _TIMEOUTS):
+        return QueryError(
+            f"the query ran longer than its time limit ({timeout:g} s) and was stopped "
+            "(artstore sql --timeout SECONDS allows more)"
+        )
     if any(part in lowered for part in _REFUSALS):
         return QueryRefusedError(
-            f"refused: artstore sql only reads, and the database refused a write ({message})"
+            f"refused: artstore sql only reads the views, and the database refused ({message})"
         )
     if any(part in lowered for part in _SEVERAL):
         return QueryRefusedError(f"refused: artstore sql runs exactly one statement ({message})")
-    if exc.connection_invalidated or _is_connection_error(exc):
+    if getattr(exc, "connection_invalidated", False) or _is_connection_error(exc):
         return DatabaseUnavailableError(
             f"cannot use the database at {database.display_url}: {message}"
         )
-    return QueryError(f"the query failed: {message or type(exc.orig).__name__}")
+    return QueryError(f"the query failed: {message or type(exc).__name__}")
 
 
-def _is_connection_error(exc: DBAPIError) -> bool:
-    name = type(exc.orig).__name__
-    return "Connection" in name or "Interface" in name or isinstance(exc.orig, OSError)
+def _is_connection_error(exc: Exception) -> bool:
+    cause = getattr(exc, "orig", None) or exc
+    name = type(cause).__name__
+    return "Connection" in name or "Interface" in name or isinstance(cause, OSError)
 
 
 # --- values -------------------------------------------------------------------------------
@@ -274,6 +304,8 @@ def plain(value: Any) -> Any:
             return int(value)
         return float(value)
     if isinstance(value, dict | list):
+        from artstore.eventstore.blobs import canonical_json
+
         return canonical_json(value)
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value).hex()

@@ -18,6 +18,7 @@ into the rollout of the task that started them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import dataclasses
 import json
@@ -33,7 +34,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from artstore.capture import messages as lc
-from artstore.errors import InvalidEventError, NoRolloutError
+from artstore.errors import InvalidEventError, NoRolloutError, StorageFullError
 from artstore.events import (
     LLMCall,
     RolloutFailed,
@@ -118,7 +119,8 @@ class Rollout:
         self.redact = Redactor([inference_api_key], urls=[inference_base_url])
         self.closed = False  # the block has exited: no new calls
         self._ended = False  # rollout.finished or rollout.failed is queued
-        self._version = 0
+        self._version = 0  # the stream's version once every append queued so far is stored
+        self._stored_version = 0  # its version after the appends settled so far
         self._calls = 0
         self._pending: list[asyncio.Future[AppendResult]] = []
         self._loop = asyncio.get_running_loop()
@@ -302,15 +304,27 @@ class Rollout:
             error, self._handoff_error = self._handoff_error, None
             raise error
         pending, self._pending = self._pending, []
-        if pending:
-            await asyncio.gather(*pending)
+        if not pending:
+            return
+        outcomes = await asyncio.gather(*pending, return_exceptions=True)
+        stored = [o.version for o in outcomes if not isinstance(o, BaseException)]
+        self._stored_version = max([self._stored_version, *stored])
+        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+        if failed is not None:
+            # The appends queued after a refused one counted it in their expected version
+            # and were refused too: the stream ends at the last one stored.
+            self._version = self._stored_version
+            raise failed
 
-    def _failure(self, exc: BaseException, duration_s: float) -> RolloutFailed:
+    def _failure(
+        self, exc: BaseException, duration_s: float, *, compact: bool = False
+    ) -> RolloutFailed:
+        message = self.redact(str(exc) or repr(exc))
         return RolloutFailed(
             rollout_id=self.id,
             error_type=type(exc).__name__,
-            error_message=self.redact(str(exc) or repr(exc)),
-            traceback=self.redact("".join(traceback.format_exception(exc))),
+            error_message=message[:500] if compact else message,
+            traceback="" if compact else self.redact("".join(traceback.format_exception(exc))),
             duration_s=duration_s,
         )
 
@@ -375,13 +389,20 @@ async def rollout(
         await recorder._settle()
         recorder._ended = True
         recorder._append(finished)  # checked above: the end of the stream is never missing
-    except BaseException as exc:  # the agent failed, its result is unusable, or a call was
         await recorder._settle()
+    except BaseException as exc:  # the agent failed, its result is unusable, or a write was
+        with contextlib.suppress(Exception):  # refused: `exc` says why, record it
+            await recorder._settle()
         recorder._ended = True
+        if recorder._stored_version == 0:  # not even rollout.started was stored
+            raise
         recorder._append(recorder._failure(exc, time.monotonic() - clock))
-        await recorder._settle()
+        try:
+            await recorder._settle()  # when even this fails, the caller gets its error
+        except StorageFullError:  # no room for a traceback: the cause alone may fit
+            recorder._append(recorder._failure(exc, time.monotonic() - clock, compact=True))
+            await recorder._settle()
         raise
-    await recorder._settle()
 
 
 def _install_art_logger(recorder: Rollout) -> tuple[contextvars.ContextVar, contextvars.Token]:

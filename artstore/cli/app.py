@@ -4,16 +4,52 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from artstore.cli import db, demo, exchange, group, replay, rescore, runs, sql, trajectory, ui
-from artstore.cli.shared import State, console
+from artstore.cli.shared import State, console, say_error
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+
+# Typer's own exceptions (it carries its own click); click's for an older typer.
+CommandLineError = getattr(typer, "TyperException", click.ClickException)
+
+
+class OneLineErrors(TyperGroup):
+    """The root command, printing usage errors (a bad option, a missing argument) as one
+    line on stderr like every other error, instead of click's or rich's paragraph."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        try:
+            returned = super().main(*args, standalone_mode=False, **kwargs)
+        except CommandLineError as exc:
+            if not standalone_mode:
+                raise
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `artstore` alone: the help
+                exc.show()
+                sys.exit(exc.exit_code)
+            context = getattr(exc, "ctx", None)
+            where = context.command_path if context is not None else "artstore"
+            hint = f" (see {where} --help)" if exc.exit_code == 2 else ""
+            say_error(f"{exc.format_message()}{hint}")
+            sys.exit(exc.exit_code)
+        except (typer.Abort, click.exceptions.Abort):
+            if not standalone_mode:
+                raise
+            say_error("aborted")
+            sys.exit(1)
+        if not standalone_mode:
+            return returned
+        sys.exit(returned if isinstance(returned, int) else 0)
+
+
 app = typer.Typer(
+    cls=OneLineErrors,
     name="artstore",
     help="Event-sourced trajectory store for OpenPipe ART: record, replay, re-score, query.",
     no_args_is_help=True,

@@ -34,17 +34,22 @@ def current(url: UrlOption = None) -> None:
     """Print the database's schema revision (and this artstore's newest)."""
 
     async def work() -> None:
+        from artstore.errors import NotFoundError
         from artstore.eventstore.database import connect
         from artstore.schema import migrate
         from artstore.urls import resolve_url
 
-        database = connect(resolve_url(url))
-        try:
-            await database.check_reachable()
-            async with database.read() as connection:
-                revision = await connection.run_sync(migrate.current_revision)
-        finally:
-            await database.dispose()
+        try:  # read only: asking creates nothing
+            database = connect(resolve_url(url, create_folder=False), read_only=True)
+        except NotFoundError:
+            revision = None
+        else:
+            try:
+                await database.check_reachable()
+                async with database.read() as connection:
+                    revision = await connection.run_sync(migrate.current_revision)
+            finally:
+                await database.dispose()
         head = migrate.head_revision()
         state = "up to date" if revision == head else f"artstore's newest is {head}"
         console.print(f"{revision or 'empty (no schema)'} ({state})")

@@ -52,9 +52,7 @@ def export(
             "default: the run's own model)."
         ),
     ] = None,
-    force: Annotated[
-        bool, typer.Option("--force", help="parquet: overwrite existing files.")
-    ] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing files.")] = False,
     url: UrlOption = None,
 ) -> None:
     """Write a run to files: ART's trajectory parquet layout, or artstore's lossless JSONL.
@@ -69,16 +67,16 @@ def export(
     chosen = format or (
         ExportFormat.jsonl if out == "-" or out.endswith(".jsonl") else ExportFormat.parquet
     )
-    if chosen is ExportFormat.jsonl and (scorer or model or force):
-        raise fail("--scorer, --model and --force apply to --format parquet only")
+    if chosen is ExportFormat.jsonl and (scorer or model):
+        raise fail("--scorer and --model apply to --format parquet only")
 
     async def work() -> None:
         import artstore
         from artstore.exchange import export_jsonl, export_parquet
 
-        async with await artstore.open_store(url) as store:
+        async with await artstore.open_store(url, read_only=True) as store:
             if chosen is ExportFormat.jsonl:
-                summary = await export_jsonl(store, run_name, out)
+                summary = await export_jsonl(store, run_name, out, force=force)
             else:
                 summary = await export_parquet(
                     store, run_name, Path(out), scorer=scorer, model=model, force=force

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from contextlib import redirect_stdout
 from typing import Annotated, Any
@@ -83,6 +84,8 @@ def replay(
     train another one (--model), on another scorer's rewards (--scorer, after `artstore
     rescore`). Without --model this finishes a run whose trainer stopped.
     """
+    if learning_rate is not None and not (math.isfinite(learning_rate) and learning_rate > 0):
+        raise fail(f"--learning-rate must be a positive number, not {learning_rate}")
     if backend is None and not dry_run:
         raise fail(
             "--backend is needed to train (e.g. --backend artstore.backends:check_only_backend); "

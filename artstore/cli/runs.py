@@ -27,7 +27,7 @@ def runs(url: UrlOption = None, output: FormatOption = OutputFormat.table) -> No
         import artstore
         from artstore.training.overview import list_runs
 
-        async with await artstore.open_store(url) as store:
+        async with await artstore.open_store(url, read_only=True) as store:
             return await list_runs(store)
 
     rows = run(work)
@@ -82,7 +82,7 @@ def show(
         import artstore
         from artstore.training.overview import describe_run
 
-        async with await artstore.open_store(url) as store:
+        async with await artstore.open_store(url, read_only=True) as store:
             return await describe_run(store, run_name)
 
     found = run(work)

@@ -47,8 +47,12 @@ class UsageError(Exception):
 
 
 def say_error(message: str) -> None:
-    """One line on stderr, never wrapped to the terminal's width, markup escaped."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    """One line on stderr, never wrapped to the terminal's width, markup escaped, and
+    without any secret this process knows (an API key in an agent's exception)."""
+    from artstore.redaction import redact_known
+
+    line = " ".join(redact_known(message).splitlines()) or "(no message)"
+    err_console.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def run(work: Callable[[], Awaitable[T]]) -> T:
@@ -71,9 +75,11 @@ def run(work: Callable[[], Awaitable[T]]) -> T:
         if isinstance(exc, UsageError):
             say_error(str(exc))
             raise typer.Exit(2) from None
-        if isinstance(exc, (ArtstoreError, ValueError, LookupError, OSError)):
+        if isinstance(exc, (ArtstoreError, ValueError, LookupError, OSError)) and not (
+            isinstance(exc, KeyError) and not isinstance(exc, ArtstoreError)
+        ):
             say_error(str(exc))
-        else:
+        else:  # (a KeyError's message is the key alone: it is named)
             lines = str(exc).strip().splitlines()
             first = lines[0] if lines else ""
             say_error(f"{type(exc).__name__}: {first} (--debug shows the traceback)")

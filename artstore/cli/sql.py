@@ -1,10 +1,11 @@
-"""`artstore sql`: one read-only SQL statement, printed as a table, CSV or JSON."""
+"""`artstore sql`: one read-only SQL query, its rows printed as they come (table, CSV, JSON)."""
 
 from __future__ import annotations
 
 import csv
 import json
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,18 +26,30 @@ FileOption = Annotated[
     Path | None,
     typer.Option("--file", "-f", help="Read the query from this file ('-': standard input)."),
 ]
+TimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--timeout",
+        min=0,
+        help="Stop a query that keeps the database busy this many seconds without "
+        "handing over rows (0: no limit).",
+    ),
+]
+# Rows per table printed at a time: a table needs its rows to size its columns.
+TABLE_PAGE = 500
 
 
 def sql(
     statement: QueryArgument = None,
     file: FileOption = None,
     output: FormatOption = OutputFormat.table,
+    timeout: TimeoutOption = 30.0,
     url: UrlOption = None,
 ) -> None:
-    """Run one read-only SQL query and print its rows.
+    """Run one read-only SQL query over the views and print its rows.
 
     Query the v_* views (README.md, "SQL views"): the same on SQLite and PostgreSQL.
-    Anything that writes is refused.
+    Anything that writes is refused; rows are printed as the database sends them.
     """
     if statement is not None and file is not None:
         raise fail("give the query as an argument or with --file, not both")
@@ -49,52 +62,55 @@ def sql(
             raise fail(f"cannot read {file}: {exc.strerror or exc}") from None
     assert statement is not None
 
-    async def work() -> tuple[list[str], list[tuple[Any, ...]]]:
+    async def work() -> None:
         import artstore
-        from artstore.analysis import query
+        from artstore.analysis import stream_query
         from artstore.analysis.sql import read_only_statement
-        from artstore.errors import NotFoundError
         from artstore.urls import resolve_url
 
-        database_url = resolve_url(url)
-        if database_url.get_backend_name() == "sqlite":
-            read_only_statement(statement, "sqlite")  # refuse before touching anything
-            if not Path(database_url.database or "").exists():
-                raise NotFoundError(f"no artstore database at {database_url.database}")
-        # A read does not migrate: an older schema asks for `artstore db upgrade`.
-        async with await artstore.open_store(url, migrate_schema=False) as store:
-            return await query(store, statement)
+        # Refused before anything is opened.
+        read_only_statement(statement, resolve_url(url, create_folder=False).get_backend_name())
+        async with await artstore.open_store(url, read_only=True) as store:
+            async with stream_query(store, statement, timeout=timeout or None) as rows:
+                if output is OutputFormat.csv:
+                    await _print_csv(rows.columns, rows.batches())
+                elif output is OutputFormat.json:
+                    await _print_json(rows.columns, rows.batches())
+                else:
+                    await _print_table(rows.columns, rows.batches())
 
-    columns, rows = run(work)
-    if output is OutputFormat.csv:
-        _print_csv(columns, rows)
-    elif output is OutputFormat.json:
-        _print_json(columns, rows)
-    else:
-        _print_table(columns, rows)
+    run(work)
 
 
-def _print_csv(columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+Batches = AsyncIterator[list[tuple[Any, ...]]]
+
+
+async def _print_csv(columns: list[str], batches: Batches) -> None:
     writer = csv.writer(sys.stdout, lineterminator="\n")
     writer.writerow(columns)
-    writer.writerows(["" if value is None else value for value in row] for row in rows)
+    async for batch in batches:
+        writer.writerows(["" if value is None else value for value in row] for row in batch)
     sys.stdout.flush()
 
 
-def _print_json(columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+async def _print_json(columns: list[str], batches: Batches) -> None:
     """A list of objects, one per row. The views' JSON columns (`config`, `metrics`,
     `tool_calls`...) are JSON values, not strings (as csv and tables show their text)."""
     from artstore.schema.views import json_column_names
 
     holds_json = json_column_names()
-    records = [
-        {
-            name: _json_value(value) if name in holds_json else value
-            for name, value in zip(columns, row, strict=True)
-        }
-        for row in rows
-    ]
-    sys.stdout.write(json.dumps(records, indent=2, ensure_ascii=False) + "\n")
+    sys.stdout.write("[")
+    first = True
+    async for batch in batches:
+        for row in batch:
+            record = {
+                name: _json_value(value) if name in holds_json else value
+                for name, value in zip(columns, row, strict=True)
+            }
+            text = json.dumps(record, ensure_ascii=False, indent=2)
+            sys.stdout.write(("\n  " if first else ",\n  ") + text.replace("\n", "\n  "))
+            first = False
+    sys.stdout.write("]\n" if first else "\n]\n")
     sys.stdout.flush()
 
 
@@ -108,17 +124,46 @@ def _json_value(value: Any) -> Any:
         return value
 
 
-def _print_table(columns: list[str], rows: list[tuple[Any, ...]]) -> None:
+async def _print_table(columns: list[str], batches: Batches) -> None:
+    """Pages of rows, each a table with the first page's column widths."""
     from rich.table import Table
 
-    table = Table(show_edge=False, header_style="bold", caption_justify="left")
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        # Text, not markup: a value such as "[bold]" or a JSON list prints as it is.
-        table.add_row(*(_cell(value) for value in row))
-    table.caption = f"{len(rows)} row{'s' if len(rows) != 1 else ''}"
-    print_table(table)
+    count, widths = 0, None
+    pending: list[tuple[Any, ...]] = []
+
+    def flush(last: bool) -> None:
+        nonlocal widths
+        table = Table(
+            show_edge=False,
+            header_style="bold",
+            caption_justify="left",
+            show_header=widths is None,
+        )
+        for index, column in enumerate(columns):
+            width = None if widths is None else widths[index]
+            table.add_column(column, overflow="fold", width=width)
+        for row in pending:
+            # Text, not markup: a value such as "[bold]" or a JSON list prints as it is.
+            table.add_row(*(_cell(value) for value in row))
+        if last:
+            table.caption = f"{count} row{'s' if count != 1 else ''}"
+        if widths is None:  # the next pages line up with this one
+            widths = [
+                max(len(column), *(len(_cell(row[i]).plain) for row in pending))
+                if pending
+                else len(column)
+                for i, column in enumerate(columns)
+            ]
+        print_table(table)
+        pending.clear()
+
+    async for batch in batches:
+        for row in batch:
+            pending.append(row)
+            count += 1
+            if len(pending) >= TABLE_PAGE:
+                flush(last=False)
+    flush(last=True)
 
 
 def _cell(value: Any):

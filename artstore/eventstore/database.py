@@ -23,13 +23,15 @@ from sqlalchemy import Table, text
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-from sqlalchemy.sql.dml import Insert
 
 from artstore.errors import (
     ConfigurationError,
     DatabaseUnavailableError,
     GroupAlreadyConsumedError,
     ImmutableEventError,
+    LockTimeoutError,
+    ReadOnlyStoreError,
+    StorageFullError,
 )
 from artstore.urls import redact
 
@@ -68,15 +70,34 @@ class Database:
 
     dialect: ClassVar[str]
 
-    def __init__(self, url: URL, write_engine: AsyncEngine, read_engine: AsyncEngine) -> None:
+    def __init__(
+        self,
+        url: URL,
+        write_engine: AsyncEngine,
+        read_engine: AsyncEngine,
+        *,
+        read_only: bool = False,
+    ) -> None:
         self.url = url
         self.write_engine = write_engine
         self.read_engine = read_engine
+        self.read_only = read_only
 
     @classmethod
-    def connect(cls, url: URL) -> Database:
-        """Engines for `url` (an async URL from `artstore.urls.resolve_url`)."""
+    def connect(cls, url: URL, *, read_only: bool = False) -> Database:
+        """Engines for `url` (an async URL from `artstore.urls.resolve_url`).
+
+        `read_only`: every session is read-only, and nothing on disk is created or
+        changed (no schema, no journal mode), so that a store on read-only media, or
+        one that another process writes, can be read without waiting.
+        """
         raise NotImplementedError
+
+    def refuse_writes(self) -> None:
+        if self.read_only:
+            raise ReadOnlyStoreError(
+                f"the store at {self.display_url} was opened read-only: it cannot record"
+            )
 
     @property
     def display_url(self) -> str:
@@ -95,6 +116,7 @@ class Database:
         self, connection: AsyncConnection | None = None
     ) -> AsyncIterator[AsyncConnection]:
         """A write transaction, on `connection` or a pooled one."""
+        self.refuse_writes()
         if connection is not None:
             async with connection.begin():
                 yield connection
@@ -104,8 +126,21 @@ class Database:
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
-        async with self.read_engine.connect() as connection:
+        connection = await self.open_connection(self.read_engine)
+        try:
             yield connection
+        finally:
+            await connection.close()
+
+    async def open_connection(self, engine: AsyncEngine) -> AsyncConnection:
+        """A connection of `engine`; not getting one is DatabaseUnavailableError."""
+        try:
+            return await engine.connect()
+        except Exception as exc:  # a refused login, a server gone, a socket error
+            message = str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__
+            raise DatabaseUnavailableError(
+                f"cannot reach the database at {self.display_url}: {message.splitlines()[0]}"
+            ) from exc
 
     async def run_write(
         self,
@@ -116,8 +151,11 @@ class Database:
         try:
             async with self.write(connection) as active:
                 return await work(active)
-        except OperationalError as exc:
-            raise translate_error(exc, self) from exc
+        except DBAPIError as exc:
+            translated = translate_error(exc, self)
+            if translated is exc:
+                raise
+            raise translated from exc
 
     async def check_reachable(self) -> None:
         try:
@@ -144,8 +182,10 @@ class Database:
         """Insert event rows in the order given; their global positions, in that order."""
         raise NotImplementedError
 
-    def insert_new(self, table: Table, key: list[str]) -> Insert:
-        """An INSERT that skips rows whose `key` is already stored (content-addressed blobs)."""
+    def insert_missing(
+        self, connection: Connection, table: Table, key: str, rows: list[dict[str, Any]]
+    ) -> None:
+        """Insert the rows whose `key` is not stored yet (content-addressed blobs)."""
         raise NotImplementedError
 
     def lock_appends(self, connection: Connection) -> None:
@@ -166,12 +206,14 @@ class Database:
         cannot tell). Only a look: it takes no lock, so it never refuses a `try_lock`."""
         return None
 
-    async def confine_query(self, connection: AsyncConnection) -> None:
-        """Make `connection` refuse anything but reading, for one analysis query."""
+    def query_session(self, timeout: float | None) -> AbstractAsyncContextManager[AsyncConnection]:
+        """A connection for one user query, confined by the database itself: it may read
+        the views and nothing else, for `timeout` seconds of work at a time (None: no
+        limit). Discarded afterwards, so that nothing the query did outlives it."""
         raise NotImplementedError
 
 
-def connect(url: URL) -> Database:
+def connect(url: URL, *, read_only: bool = False) -> Database:
     """The `Database` for `url` (an async URL from `artstore.urls.resolve_url`)."""
     backend = url.get_backend_name()
     where = DATABASES.get(backend)
@@ -179,7 +221,7 @@ def connect(url: URL) -> Database:
         raise ConfigurationError(f"artstore does not run on {backend!r}")
     module, _, name = where.partition(":")
     database_class: type[Database] = getattr(importlib.import_module(module), name)
-    return database_class.connect(url)
+    return database_class.connect(url, read_only=read_only)
 
 
 def translate_error(exc: BaseException, database: Database | None = None) -> Exception:
@@ -195,8 +237,30 @@ def translate_error(exc: BaseException, database: Database | None = None) -> Exc
         )
     if isinstance(exc, IntegrityError):
         return exc  # callers decide what other constraint violations mean
+    if _sqlstate(exc) == "55P03" or "lock timeout" in message:
+        return LockTimeoutError(
+            f"gave up waiting for a lock that another session holds{where} ({message}); "
+            "the URL's options=-c lock_timeout=... sets how long to wait"
+        )
+    if _is_disk_full(exc, message):
+        return StorageFullError(f"the database{where} has no space left: {message}")
     if isinstance(exc, (OperationalError, InterfaceError, OSError, ConnectionError)) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated
     ):
         return DatabaseUnavailableError(f"cannot use the database{where}: {message}")
     return exc
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    return getattr(getattr(exc, "orig", None), "sqlstate", None)
+
+
+def _is_disk_full(exc: BaseException, message: str) -> bool:
+    # SQLite: SQLITE_FULL; PostgreSQL: SQLSTATE 53100 (disk_full), "could not extend file".
+    lowered = message.lower()
+    return (
+        _sqlstate(exc) == "53100"
+        or "database or disk is full" in lowered
+        or "no space left on device" in lowered
+        or "could not extend file" in lowered
+    )

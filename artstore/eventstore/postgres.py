@@ -1,62 +1,142 @@
 """artstore on PostgreSQL: many machines, one database.
 
-One asyncpg pool for everything. Every appending transaction holds one advisory lock
-(`EVENTS_APPEND_LOCK_KEY`) until it commits, taken here and by the position trigger of
-the schema, so that global positions are handed out in commit order and a reader
-catching up from a position never misses an event (PostgreSQL sequences alone are not
-commit-ordered). Trainers hold a session-level advisory lock per model, which the server
-releases when their connection dies.
+Every appending transaction holds an EXCLUSIVE lock on the table `append_lock` until it
+commits, taken here and by a trigger of the schema, so that global positions are handed
+out in commit order and a reader catching up from a position never misses an event
+(PostgreSQL sequences alone are not commit-ordered). Trainers hold a session-level
+advisory lock per model, which the server releases when their connection dies.
+
+Every session has timeouts, so that a stuck or stopped process cannot freeze the others:
+a lock is waited for `lock_timeout` at most, and a session left idle inside a transaction
+(a process stopped while it held the append lock) is ended by the server. The URL's
+standard libpq parameters (`sslmode`, `connect_timeout`, `application_name`, `options`)
+are translated for asyncpg; `options=-c name=value` also overrides artstore's defaults.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import shlex
+import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import BigInteger, Table, cast, column, func, literal, select, table
+from sqlalchemy import BigInteger, Table, cast, column, func, literal, select, table, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
-from sqlalchemy.sql.dml import Insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
+from artstore.errors import ConfigurationError, QueryError
 from artstore.eventstore.blobs import serialize
 from artstore.eventstore.database import Database, Writer
-from artstore.schema.tables import EVENTS_APPEND_LOCK_KEY, events
+from artstore.schema.tables import events
 
 # Key of the advisory lock that makes migrations wait for each other ("artstore" + 1).
 MIGRATION_LOCK_KEY = 7021802808247546470
+# The role `artstore sql` runs user queries as (created by migration 0003): it may read
+# the views and nothing else.
+READER_ROLE = "artstore_reader"
 T = TypeVar("T")
+
+# Every session's defaults (the URL's `options=-c name=value` wins over them).
+SESSION_SETTINGS = {
+    # A lock (the append lock, a row) is waited for at most this long, then the statement
+    # fails with a clear error instead of hanging behind a stuck holder.
+    "lock_timeout": "120s",
+    # A session idle inside a transaction (its process stopped, or stuck) is ended by
+    # the server, which releases its locks.
+    "idle_in_transaction_session_timeout": "10min",
+    # A dead peer on a real network is noticed within about two minutes.
+    "tcp_keepalives_idle": "60",
+    "tcp_keepalives_interval": "10",
+    "tcp_keepalives_count": "6",
+}
+# The store's writer: its transactions are short and machine-driven, so tighter. The
+# idle timeout is shorter than `lock_timeout`: a writer stopped while it holds the
+# append lock is ended before the others give up waiting for it.
+WRITER_SETTINGS = {
+    **SESSION_SETTINGS,
+    "idle_in_transaction_session_timeout": "60s",
+    "statement_timeout": "300s",
+}
+
+# libpq's URL parameters that artstore understands, besides host, port, user, password.
+_SSL_FILES = ("sslrootcert", "sslcert", "sslkey")
+LIBPQ_PARAMETERS = (
+    "sslmode",
+    *_SSL_FILES,
+    "connect_timeout",
+    "application_name",
+    "options",
+    "target_session_attrs",
+)
 
 
 class PostgresDatabase(Database):
     dialect = "postgresql"
 
+    def __init__(
+        self,
+        url: URL,
+        engine: AsyncEngine,
+        writer_engine: AsyncEngine,
+        *,
+        read_only: bool = False,
+    ) -> None:
+        super().__init__(url, engine, engine, read_only=read_only)
+        self.writer_engine = writer_engine  # the store's writer, with tighter timeouts
+
     @classmethod
-    def connect(cls, url: URL) -> PostgresDatabase:
+    def connect(cls, url: URL, *, read_only: bool = False) -> PostgresDatabase:
+        connect_args, overrides = connection_options(url)
+        settings = {**SESSION_SETTINGS, **overrides}
+        if read_only:  # the server refuses any write of this store's sessions
+            settings["default_transaction_read_only"] = "on"
+        bare = url.set(query={})
         engine = create_async_engine(
-            url,
+            bare,
             pool_size=8,
             max_overflow=8,
+            # A pooled connection the server dropped (a restart, a network cut, a session
+            # ended by a timeout) is replaced when taken, rather than failing a read.
+            pool_pre_ping=True,
             json_serializer=serialize,
-            connect_args={"timeout": 10},
+            connect_args={**connect_args, "server_settings": settings},
         )
-        return cls(url, engine, engine)
+        writer_engine = create_async_engine(
+            bare,
+            poolclass=NullPool,  # one connection, kept by the writer for the store's life
+            json_serializer=serialize,
+            connect_args={
+                **connect_args,
+                "server_settings": {**WRITER_SETTINGS, **overrides},
+            },
+        )
+        return cls(url, engine, writer_engine, read_only=read_only)
+
+    async def dispose(self) -> None:
+        await self.writer_engine.dispose()
+        await super().dispose()
 
     def writer(self) -> PostgresWriter:
+        self.refuse_writes()
         return PostgresWriter(self)
 
     def insert_events(self, connection: Connection, rows: list[dict[str, Any]]) -> list[int]:
         statement = events.insert().returning(events.c.position, sort_by_parameter_order=True)
         return [row.position for row in connection.execute(statement, rows)]
 
-    def insert_new(self, table: Table, key: list[str]) -> Insert:
-        return postgresql.insert(table).on_conflict_do_nothing(index_elements=key)
+    def insert_missing(
+        self, connection: Connection, table: Table, key: str, rows: list[dict[str, Any]]
+    ) -> None:
+        statement = postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
+        connection.execute(statement, rows)
 
     def lock_appends(self, connection: Connection) -> None:
-        connection.execute(select(func.pg_advisory_xact_lock(EVENTS_APPEND_LOCK_KEY)))
+        connection.exec_driver_sql("LOCK TABLE append_lock IN EXCLUSIVE MODE")
 
     async def lock_migrations(self, connection: AsyncConnection) -> None:
         await connection.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
@@ -64,7 +144,8 @@ class PostgresDatabase(Database):
     @asynccontextmanager
     async def try_lock(self, name: str) -> AsyncIterator[bool]:
         key = lock_key(name)
-        async with self.write_engine.connect() as connection:
+        connection = await self.open_connection(self.write_engine)
+        try:
             got = (await connection.execute(select(func.pg_try_advisory_lock(key)))).scalar()
             await connection.commit()
             if not got:
@@ -80,6 +161,8 @@ class PostgresDatabase(Database):
                     # Never hand a connection that may still hold the lock back to the
                     # pool: closing it makes the server release the lock.
                     await connection.invalidate()
+        finally:
+            await connection.close()
 
     async def lock_held(self, name: str) -> bool:
         # A bigint advisory lock shows in pg_locks as its high and low 32 bits.
@@ -102,14 +185,139 @@ class PostgresDatabase(Database):
         async with self.read() as connection:
             return (await connection.execute(query)).first() is not None
 
-    async def confine_query(self, connection: AsyncConnection) -> None:
-        await connection.exec_driver_sql("SET TRANSACTION READ ONLY")
+    @asynccontextmanager
+    async def query_session(self, timeout: float | None) -> AsyncIterator[AsyncConnection]:
+        connection = await self.open_connection(self.read_engine)
+        try:
+            await connection.exec_driver_sql("SET TRANSACTION READ ONLY")
+            limit = 0 if not timeout else max(1, round(timeout * 1000))
+            await connection.exec_driver_sql(f"SET LOCAL statement_timeout = {limit}")
+            # A client that stops reading (stopped, or killed on a network that does not
+            # say so) does not keep a snapshot and a connection for long.
+            idle = max(60_000, 2 * limit)
+            await connection.exec_driver_sql(
+                f"SET LOCAL idle_in_transaction_session_timeout = {idle}"
+            )
+            if (connection.dialect.server_version_info or (0,)) >= (14,):
+                # A killed client's query stops within a second, not at its next row.
+                await connection.exec_driver_sql(
+                    "SET LOCAL client_connection_check_interval = 1000"
+                )
+            role = (
+                await connection.execute(
+                    text(
+                        "SELECT to_regrole(:role) IS NOT NULL, "
+                        "to_regrole(:role) IS NOT NULL "
+                        "AND pg_has_role(current_user, :role, 'MEMBER')"
+                    ),
+                    {"role": READER_ROLE},
+                )
+            ).one()
+            if not role[0]:
+                raise QueryError(
+                    f"this database has no role {READER_ROLE}, as whom artstore sql runs "
+                    "queries: run `artstore db upgrade` as a user who may create roles"
+                )
+            if not role[1]:
+                raise QueryError(
+                    f"the store's user may not act as {READER_ROLE}, as whom artstore sql "
+                    f"runs queries: GRANT {READER_ROLE} TO <the store's user>"
+                )
+            await connection.exec_driver_sql(f"SET LOCAL ROLE {READER_ROLE}")
+            yield connection
+        finally:
+            await connection.invalidate()  # its session state dies with it
 
 
 def lock_key(name: str) -> int:
     """The advisory lock key (a positive bigint) for a lock's name."""
     digest = hashlib.sha256(name.encode()).digest()
     return int.from_bytes(digest[:8], "big") >> 1
+
+
+def connection_options(url: URL) -> tuple[dict[str, Any], dict[str, str]]:
+    """asyncpg's connect arguments and the server settings that the URL's libpq
+    parameters ask for; a parameter artstore does not know is a ConfigurationError."""
+    query = {
+        name: value if isinstance(value, str) else value[-1] for name, value in url.query.items()
+    }
+    unknown = sorted(set(query) - set(LIBPQ_PARAMETERS))
+    if unknown:
+        raise ConfigurationError(
+            f"unsupported parameter {unknown[0]!r} in the database URL; artstore understands "
+            f"{', '.join(LIBPQ_PARAMETERS)}"
+        )
+    connect_args: dict[str, Any] = {}
+    settings: dict[str, str] = {}
+    if "connect_timeout" in query:
+        try:
+            seconds = float(query["connect_timeout"])
+        except ValueError:
+            seconds = -1.0
+        if seconds <= 0:
+            raise ConfigurationError(
+                f"connect_timeout={query['connect_timeout']!r} in the database URL is not a "
+                "positive number of seconds"
+            )
+        connect_args["timeout"] = seconds
+    else:
+        connect_args["timeout"] = 10.0
+    mode = query.get("sslmode")
+    if mode is not None:
+        modes = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+        if mode not in modes:
+            raise ConfigurationError(
+                f"sslmode={mode!r} in the database URL is not one of {', '.join(modes)}"
+            )
+        connect_args["ssl"] = _ssl_context(mode, query) if _has_ssl_files(query) else mode
+    elif _has_ssl_files(query):
+        connect_args["ssl"] = _ssl_context("verify-full", query)
+    if "application_name" in query:
+        settings["application_name"] = query["application_name"]
+    if "target_session_attrs" in query:
+        connect_args["target_session_attrs"] = query["target_session_attrs"]
+    if "options" in query:
+        settings.update(_server_options(query["options"]))
+    return connect_args, settings
+
+
+def _has_ssl_files(query: dict[str, str]) -> bool:
+    return any(name in query for name in _SSL_FILES)
+
+
+def _ssl_context(mode: str, query: dict[str, str]) -> ssl.SSLContext | str:
+    if mode in ("disable", "allow", "prefer"):
+        return mode
+    context = ssl.create_default_context(cafile=query.get("sslrootcert"))
+    if "sslcert" in query:
+        context.load_cert_chain(query["sslcert"], query.get("sslkey"))
+    # libpq: `require` with a root certificate verifies it as verify-ca does.
+    context.check_hostname = mode == "verify-full"
+    if mode == "require" and "sslrootcert" not in query:
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+def _server_options(options: str) -> dict[str, str]:
+    """libpq's `options`: `-c name=value` (or `--name=value`), space-separated."""
+    words = shlex.split(options)
+    found: dict[str, str] = {}
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word == "-c" and index + 1 < len(words):
+            setting, index = words[index + 1], index + 2
+        elif (word.startswith("-c") and len(word) > 2) or word.startswith("--"):
+            setting, index = word[2:], index + 1
+        else:
+            raise ConfigurationError(
+                f"options={options!r} in the database URL: expected -c name=value, not {word!r}"
+            )
+        name, equals, value = setting.partition("=")
+        if not equals or not name:
+            raise ConfigurationError(f"options={options!r}: {setting!r} is not name=value")
+        found[name.replace("-", "_")] = value
+    return found
 
 
 class PostgresWriter(Writer):
@@ -126,7 +334,7 @@ class PostgresWriter(Writer):
             return work(connection)
 
         if self._connection is None:
-            self._connection = await self.database.write_engine.connect()
+            self._connection = await self.database.open_connection(self.database.writer_engine)
         return await self.database.run_write(
             lambda connection: connection.run_sync(locked), connection=self._connection
         )

@@ -23,16 +23,15 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
-from sqlalchemy import Table, event
-from sqlalchemy.dialects import sqlite
+from sqlalchemy import Table, event, select
 from sqlalchemy.engine import URL, Connection, Engine, create_engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
-from sqlalchemy.sql.dml import Insert
 
-from artstore.errors import ArtstoreError
+from artstore.errors import ArtstoreError, NotFoundError
 from artstore.eventstore.blobs import serialize
 from artstore.eventstore.database import Database, Writer, translate_error
 from artstore.schema.tables import events
@@ -45,15 +44,29 @@ class SQLiteDatabase(Database):
     dialect = "sqlite"
 
     def __init__(
-        self, url: URL, write_engine: AsyncEngine, read_engine: AsyncEngine, writer_engine: Engine
+        self,
+        url: URL,
+        write_engine: AsyncEngine,
+        read_engine: AsyncEngine,
+        writer_engine: Engine | None,
+        *,
+        read_only: bool = False,
     ) -> None:
-        super().__init__(url, write_engine, read_engine)
+        super().__init__(url, write_engine, read_engine, read_only=read_only)
         # A synchronous engine for the store's writer thread, which runs each write
         # transaction in one call instead of a thread hop per statement (aiosqlite).
         self.writer_engine = writer_engine
+        self._query_engine: AsyncEngine | None = read_engine if read_only else None
 
     @classmethod
-    def connect(cls, url: URL) -> SQLiteDatabase:
+    def connect(cls, url: URL, *, read_only: bool = False) -> SQLiteDatabase:
+        if read_only:
+            path = Path(url.database or "")
+            if not path.is_file():
+                folder = " (it is a folder)" if path.is_dir() else ""
+                raise NotFoundError(f"no artstore database at {path}{folder}")
+            engine = _read_only_engine(url)
+            return cls(url, engine, engine, None, read_only=True)
         write_engine = create_async_engine(
             url,
             pool_size=2,
@@ -120,10 +133,14 @@ class SQLiteDatabase(Database):
                 delay = min(delay * 2, 0.25)
 
     async def dispose(self) -> None:
-        self.writer_engine.dispose()
+        if self.writer_engine is not None:
+            self.writer_engine.dispose()
+        if self._query_engine is not None and self._query_engine is not self.read_engine:
+            await self._query_engine.dispose()
         await super().dispose()
 
     def writer(self) -> SQLiteWriter:
+        self.refuse_writes()
         return SQLiteWriter(self)
 
     def insert_events(self, connection: Connection, rows: list[dict[str, Any]]) -> list[int]:
@@ -138,8 +155,19 @@ class SQLiteDatabase(Database):
             raise ArtstoreError("SQLite numbered a batch of events out of order; nothing written")
         return positions
 
-    def insert_new(self, table: Table, key: list[str]) -> Insert:
-        return sqlite.insert(table).on_conflict_do_nothing(index_elements=key)
+    def insert_missing(self, connection: Connection, table: Table, key: str, rows: list[dict]):
+        # Not ON CONFLICT DO NOTHING: the schema refuses any insert over a stored blob or
+        # event (that is how it refuses REPLACE), so leave out what is stored. The writer
+        # holds the database's write lock: nothing is stored meanwhile.
+        column = table.c[key]
+        wanted = [row[key] for row in rows]
+        stored: set[Any] = set()
+        for start in range(0, len(wanted), 500):
+            chunk = wanted[start : start + 500]
+            stored.update(connection.execute(select(column).where(column.in_(chunk))).scalars())
+        missing = [row for row in rows if row[key] not in stored]
+        if missing:
+            connection.execute(table.insert(), missing)
 
     def lock_appends(self, connection: Connection) -> None:
         pass  # a write transaction (BEGIN IMMEDIATE) already excludes every other writer
@@ -185,10 +213,26 @@ class SQLiteDatabase(Database):
             if len(fields) > 5
         )
 
-    async def confine_query(self, connection: AsyncConnection) -> None:
-        await connection.exec_driver_sql("PRAGMA query_only = ON")
-        raw = await connection.get_raw_connection()
-        await raw.driver_connection.set_authorizer(_query_authorizer)  # type: ignore[union-attr]
+    @asynccontextmanager
+    async def query_session(self, timeout: float | None) -> AsyncIterator[AsyncConnection]:
+        # The file opened read-only (mode=ro), whatever this store was opened for.
+        if self._query_engine is None:
+            self._query_engine = _read_only_engine(self.url)
+        connection = await self.open_connection(self._query_engine)
+        try:
+            tables = await connection.exec_driver_sql(
+                "SELECT name FROM sqlite_master WHERE type = 'table'"
+            )  # (this also begins the transaction)
+            raw = (await connection.get_raw_connection()).driver_connection
+            authorizer = _QueryAuthorizer({name.lower() for (name,) in tables})
+            await raw.set_authorizer(authorizer)  # type: ignore[union-attr]
+            if timeout:
+                clock = _Clock(timeout)
+                await raw.set_progress_handler(clock.expired, 1000)  # type: ignore[union-attr]
+                connection.info["restart_clock"] = clock.restart
+            yield connection
+        finally:
+            await connection.invalidate()  # its authorizer and handler die with it
 
 
 class SQLiteWriter(Writer):
@@ -245,12 +289,60 @@ def is_busy(exc: BaseException) -> bool:
     return "database is locked" in message or "database is busy" in message
 
 
-def _configure(engine: Engine, *, begin: str) -> None:
+def _read_only_engine(url: URL) -> AsyncEngine:
+    """An engine that opens the file read-only: nothing is created, nothing waits.
+
+    On read-only media a WAL database opens only if its -shm file is there or can be
+    made; when neither is possible nobody can be writing it: open it as immutable.
+    """
+    path = Path(url.database or "")
+    parameters = {"mode": "ro"}
+    shm = path.with_name(path.name + "-shm")
+    if not os.access(path.parent, os.W_OK) and not shm.exists():
+        parameters["immutable"] = "1"
+    uri = URL.create(
+        "sqlite+aiosqlite",
+        database=f"file:{quote(str(path.absolute()))}",
+        query={**parameters, "uri": "true"},
+    )
+    engine = create_async_engine(
+        uri,
+        pool_size=4,
+        max_overflow=0,
+        json_serializer=serialize,
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
+    )
+    _configure(engine.sync_engine, begin="BEGIN", read_only=True)
+    return engine
+
+
+class _Clock:
+    """Stops a query (SQLite's progress handler) that works `timeout` seconds without
+    handing over rows; restarted at each batch, as PostgreSQL's statement timeout is."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.started = time.monotonic()
+
+    def restart(self) -> None:
+        self.started = time.monotonic()
+
+    def expired(self) -> int:
+        return int(time.monotonic() - self.started > self.timeout)
+
+
+def _configure(engine: Engine, *, begin: str, read_only: bool = False) -> None:
     @event.listens_for(engine, "connect")
     def configure(dbapi_connection, _record) -> None:
         # Take transaction control from the sqlite3 module so that our BEGIN is the one used.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
+        if read_only:  # changing the journal mode writes the file: leave it as it is
+            cursor.execute("PRAGMA query_only = ON")
+            cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+            _ensure_sqrt(dbapi_connection, cursor)
+            cursor.close()
+            return
         cursor.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode survives a process crash (SIGKILL); only power loss may
         # lose the last transactions.
@@ -279,10 +371,37 @@ def _sqrt(value: float | None) -> float | None:
     return math.sqrt(value)
 
 
-def _query_authorizer(action: int, arg1: str | None, *_: Any) -> int:
-    """Refuse what `PRAGMA query_only` lets through: ATTACH, DETACH, query_only itself."""
-    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
-        return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() == "query_only":
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
+# What a user query may do: read (the views only), call functions, recurse; nothing else
+# (no PRAGMA, ATTACH, DETACH, nor any statement that writes).
+_QUERY_ACTIONS = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    sqlite3.SQLITE_RECURSIVE,
+    sqlite3.SQLITE_TRANSACTION,  # the connection's own BEGIN and ROLLBACK
+}
+# Tables a query may read besides the views: the schema's own.
+_READABLE = {"sqlite_master", "sqlite_schema", "sqlite_temp_master"}
+
+
+class _QueryAuthorizer:
+    """Lets a user query read the views (`v_*`) and nothing else, as artstore_reader on
+    PostgreSQL may: no table of the store, no PRAGMA, ATTACH, nor any write."""
+
+    def __init__(self, tables: set[str]) -> None:
+        self.tables = tables - _READABLE  # the store's tables (a CTE is none of them)
+
+    def __call__(
+        self, action: int, arg1: str | None, arg2: str | None, _db: str | None, source: str | None
+    ) -> int:
+        if action not in _QUERY_ACTIONS:
+            return sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_READ:
+            # A view reads its tables with `source` set to the view's name; a query that
+            # names a table itself reads it with no source (even for count(*)).
+            through_a_view = (source or "").lower().startswith("v_")
+            if (arg1 or "").lower() in self.tables and not through_a_view:
+                return sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() == "load_extension":
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK

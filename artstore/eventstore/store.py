@@ -28,13 +28,15 @@ from typing import Any, TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from artstore.errors import (
+    AppendRefusedError,
     ArtstoreError,
     DatabaseUnavailableError,
     DuplicateEventError,
     InvalidEventError,
+    LockTimeoutError,
     StoreClosedError,
     WrongExpectedVersionError,
 )
@@ -119,7 +121,7 @@ class EventStore:
         # here (key-like environment variables, and the keys of the models in use) and
         # rewritten before it is queued, whatever layer made the event.
         self.redact = Redactor()
-        self._write: Writer = database.writer()
+        self._write: Writer | None = None if database.read_only else database.writer()
 
     @property
     def dialect(self) -> str:
@@ -167,8 +169,11 @@ class EventStore:
         """
         if self._closed:
             raise StoreClosedError("the store is closed")
+        self.database.refuse_writes()
         if not new_events:
             raise InvalidEventError("an append needs at least one event")
+        if "\x00" in stream_id:  # an id, not text: PostgreSQL's text cannot hold NUL
+            raise InvalidEventError(f"a stream id cannot hold the NUL character: {stream_id!r}")
         rows = [_event_row(stream_id, event, self.redact) for event in new_events]
         if len({row["event_id"] for row in rows}) != len(rows):
             raise InvalidEventError("an append holds the same event id twice")
@@ -218,32 +223,44 @@ class EventStore:
                     self._queue.task_done()
 
     async def _write_batch(self, batch: list[_Append]) -> None:
+        """Write a batch; an append the database refuses fails alone.
+
+        1. The whole batch in one transaction (the usual case).
+        2. If that rolled back: each append in a savepoint of its own, checked against the
+           database, in a second transaction. A conflict, a retry, a value the database
+           refuses fails (or succeeds) that append only; a lost connection is replaced.
+        3. If that transaction failed as a whole (the connection died again, the disk is
+           full): each append in a transaction of its own, until the database is out of
+           reach, which fails what is left with the real cause.
+        """
+
         def fast(connection: Connection) -> None:
             for item in batch:
                 item.result, item.error, item.recorded = None, None, []
             self._write_fast(connection, batch)
 
-        def one_by_one(connection: Connection) -> None:
-            # Each append alone in a savepoint, checked against the database: a conflict,
-            # a retry or a duplicate fails (or succeeds) that append only.
+        def each_in_a_savepoint(connection: Connection) -> None:
             for item in batch:
                 item.result, item.error, item.recorded = None, None, []
                 try:
                     with connection.begin_nested():
                         self._write_checked(connection, item)
-                except (ArtstoreError, IntegrityError) as exc:
-                    item.result, item.error = None, translate_error(exc, self.database)
-                    self._heads.pop(item.stream_id, None)
+                except Exception as exc:
+                    if not _about_the_append(exc) or not _still_in_transaction(connection):
+                        raise  # the transaction is gone, not only this append
+                    self._refused(item, exc)
 
         try:
             await self._transaction(fast)
-        except (IntegrityError, ArtstoreError) as exc:
-            if isinstance(exc, DatabaseUnavailableError):
-                raise
-            # Rare (a conflict, a retried append, another process moved a stream on): the
-            # fast transaction rolled back whole; take the batch apart in a second one.
-            await self._transaction(one_by_one)
-        self.transactions += 1
+            self.transactions += 1
+        except LockTimeoutError:
+            raise  # waiting again would only wait as long again: every append gets the error
+        except Exception:
+            try:
+                await self._transaction(each_in_a_savepoint)
+                self.transactions += 1
+            except Exception:
+                await self._write_each_alone(batch)
         self._events_since_statistics += sum(len(item.rows) for item in batch)
         if self._events_since_statistics >= STATISTICS_EVERY_EVENTS:
             await self._refresh_statistics()
@@ -253,19 +270,46 @@ class EventStore:
                 for digest in item.blobs:
                     self._remember_blob(digest)
 
+    async def _write_each_alone(self, batch: list[_Append]) -> None:
+        for number, item in enumerate(batch):
+            item.result, item.error, item.recorded = None, None, []
+            try:
+                await self._transaction(
+                    lambda connection, item=item: self._write_checked(connection, item)
+                )
+                self.transactions += 1
+            except Exception as exc:
+                self._refused(item, exc)
+                if isinstance(item.error, DatabaseUnavailableError):
+                    for rest in batch[number + 1 :]:  # out of reach: the same cause for all
+                        rest.result, rest.error = None, item.error
+                    return
+
+    def _refused(self, item: _Append, exc: BaseException) -> None:
+        """Fail `item` alone with an artstore error that says why."""
+        item.result, item.recorded = None, []
+        error = translate_error(exc, self.database)
+        if not isinstance(error, ArtstoreError):  # a value or constraint the database refused
+            message = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0]
+            error = AppendRefusedError(
+                f"the database refused the append to {item.stream_id!r} "
+                f"({type(exc).__name__}: {message}); nothing of it was written"
+            )
+            error.__cause__ = exc
+        item.error = error
+        self._heads.pop(item.stream_id, None)
+
     async def _transaction(self, work: Callable[[Connection], None]) -> None:
         """Run `work` (synchronous SQL) as one write transaction, in one call.
 
         The writer keeps its connection for the store's life and replaces it after an
         error that is not about the data.
         """
+        assert self._write is not None  # a read-only store refuses appends before this
         try:
             await self._write.transaction(work)
         except BaseException as exc:
-            about_the_data = isinstance(exc, (IntegrityError, ArtstoreError)) and not isinstance(
-                exc, DatabaseUnavailableError
-            )
-            if not about_the_data:
+            if not _about_the_append(exc):
                 await self._write.reset()
             raise
 
@@ -333,7 +377,7 @@ class EventStore:
         if not new:
             return
         rows = [{"hash": h, "body": b, "size": len(b)} for h, b in new.items()]
-        connection.execute(self.database.insert_new(blobs, ["hash"]), rows)
+        self.database.insert_missing(connection, blobs, "hash", rows)
 
     def _remember_head(self, stream_id: str, version: int) -> None:
         self._heads[stream_id] = version
@@ -421,7 +465,8 @@ class EventStore:
 
     async def _refresh_statistics(self) -> None:
         self._events_since_statistics = 0
-        await self._write.refresh_statistics()
+        if self._write is not None:
+            await self._write.refresh_statistics()
 
     async def close(self) -> None:
         """Write everything queued, then release every connection."""
@@ -437,7 +482,8 @@ class EventStore:
                 self._writer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._writer
-            await self._write.close()
+            if self._write is not None:
+                await self._write.close()
             await self.database.dispose()
 
     async def __aenter__(self):
@@ -445,6 +491,23 @@ class EventStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _about_the_append(exc: BaseException) -> bool:
+    """Whether `exc` is about what an append holds, not about the connection."""
+    if isinstance(exc, DatabaseUnavailableError):
+        return False
+    if isinstance(exc, DBAPIError):
+        return not exc.connection_invalidated and not isinstance(
+            exc, (OperationalError, InterfaceError)
+        )
+    return isinstance(exc, Exception)
+
+
+def _still_in_transaction(connection: Connection) -> bool:
+    """False when the database rolled the whole transaction back (SQLite does, when full)."""
+    raw = connection.connection.dbapi_connection
+    return bool(getattr(raw, "in_transaction", True))
 
 
 def _event_row(stream_id: str, event: Event, redact: Redactor) -> dict[str, Any]:

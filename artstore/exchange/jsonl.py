@@ -33,11 +33,14 @@ import contextlib
 import functools
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from artstore.art_versions import exchanges_problem
 from artstore.errors import ExchangeFormatError, NotFoundError
@@ -68,11 +71,16 @@ FORMAT = "artstore.rollout/1"
 # --- export -------------------------------------------------------------------------------
 
 
-async def export_jsonl(store: Store, run: str, out: str | Path) -> ExportSummary:
+async def export_jsonl(
+    store: Store, run: str, out: str | Path, *, force: bool = False
+) -> ExportSummary:
     """Write every finished or failed rollout of `run` as a JSONL line to `out` ("-": stdout).
 
-    A file is written under a temporary name and renamed when complete.
+    A file is written under a temporary name and renamed when complete; an existing file
+    is refused unless `force`, as the parquet export does.
     """
+    if str(out) != "-" and Path(out).exists() and not force:
+        raise FileExistsError(f"{out} exists; nothing was written (--force overwrites it)")
     outline = await load_run(store, run)
     summary = ExportSummary(run=run, path=str(out), running_rollouts=outline.skipped_running)
     info = outline.info
@@ -225,6 +233,7 @@ def read_jsonl(path: str | Path, *, run: str | None = None, scorer: str = "impor
     new_id = _same
     for number, line in read_lines(path):
         where = f"{path}, line {number}"
+        _check_shape(line, where)
         try:
             if source_run is None:
                 source_run = line["run"]
@@ -248,9 +257,11 @@ def read_jsonl(path: str | Path, *, run: str | None = None, scorer: str = "impor
             records.setdefault(group_id, []).extend(
                 (rollout.rollout_id, record) for record in rewards or []
             )
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            if isinstance(exc, ExchangeFormatError):
+                raise
             raise ExchangeFormatError(
-                f"{where}: malformed line ({exc!r} missing or wrong)"
+                f"{where}: malformed line ({type(exc).__name__}: {exc})"
             ) from None
     if source_run is None:
         raise ExchangeFormatError(f"{path}: empty file, nothing to import")
@@ -289,6 +300,78 @@ def read_jsonl(path: str | Path, *, run: str | None = None, scorer: str = "impor
 
 def _same(old: str) -> str:
     return old
+
+
+# What `read_jsonl` reads of a line, checked before it reads it, so that a line of the
+# wrong shape is refused with the field that is wrong (not "'str' has no attribute 'get'").
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _RunShape(_Shape):
+    name: str
+    project: str | None = None
+    model: str | None = None
+    config: dict[str, Any] | None = None
+
+
+class _HistoryShape(_Shape):
+    messages_and_choices: list[Any] = []
+    tools: list[dict[str, Any]] | None = None
+
+
+class _TrajectoryShape(_HistoryShape):
+    additional_histories: list[_HistoryShape] | None = None
+    reward: float | None = None
+    metrics: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    logs: list[str] | None = None
+
+
+class _GroupShape(_Shape):
+    group_id: str
+    sealed: bool | None = None
+    epoch: int | None = None
+    batch: int | None = None
+    scenario_index: int | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class _RewardShape(_Shape):
+    scorer: str
+    reward: float
+    rescored: bool | None = None
+    position: int | None = None
+    metrics: dict[str, Any] | None = None
+
+
+class _LineShape(_Shape):
+    run: _RunShape
+    rollout_id: str
+    trajectory: _TrajectoryShape
+    group: _GroupShape | None = None
+    rewards: list[_RewardShape] | None = None
+    role: str | None = None
+    model: str | None = None
+    started_at: datetime | None = None
+    status: str | None = None
+    scenario_index: int | None = None
+    policy_step: int | None = None
+    duration_s: float | None = None
+    metrics: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    logs: list[str] | None = None
+    error: dict[str, Any] | None = None
+
+
+def _check_shape(line: dict[str, Any], where: str) -> None:
+    try:
+        _LineShape.model_validate(line)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "the line"
+        message = re.sub(r" or instance of _\w+", "", first["msg"])  # (our classes' names)
+        raise ExchangeFormatError(f"{where}: {field}: {message}") from None
 
 
 def _rollout(line: dict[str, Any], new_id: Callable[[str], str], where: str) -> ImportedRollout:

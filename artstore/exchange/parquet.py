@@ -603,7 +603,7 @@ def _v1_file_groups(
     for number, row in enumerate(rows):
         if row.get("reward") is None and row.get("messages") is None:
             continue  # as ART's reader
-        by_index.setdefault(int(row.get("group_index") or 0), []).append((number, row))
+        by_index.setdefault(_group_index(row, file.path, number), []).append((number, row))
     for index in sorted(by_index):
         rollouts, rewards = [], {}
         for position, (number, row) in enumerate(by_index[index]):
@@ -664,6 +664,17 @@ def read_parquet(
         files=len(files),
         formats=sorted(formats),
     )
+
+
+def _group_index(row: dict[str, Any], path: Path, number: int) -> int:
+    value = row.get("group_index") or 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ExchangeFormatError(
+            f"{path}, row {number}: group_index is {value!r}, not a whole number; nothing "
+            "was imported"
+        ) from None
 
 
 def _file_groups(

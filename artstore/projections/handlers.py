@@ -37,6 +37,24 @@ from artstore.projections.trajectories import load_calls, merge_conversations, m
 from artstore.schema import tables as t
 
 Handler = Callable[[Connection, Any, RecordedEvent], None]
+
+# PostgreSQL's json functions cannot read a text holding NUL (\u0000): `tool_calls` ->>
+# 'name' would fail for the whole view. The JSON the views take apart (tool calls, train
+# metrics) is projected with NUL as U+FFFD, as text columns are (`ProjectedText`); the
+# events keep it, and so do the JSON columns the views only pass through.
+
+
+def without_nul(value: Any) -> Any:
+    """`value` (JSON) with NUL replaced in every string, keys included."""
+    if isinstance(value, str):
+        return value.replace("\x00", t.REPLACEMENT_CHARACTER) if "\x00" in value else value
+    if isinstance(value, list):
+        return [without_nul(item) for item in value]
+    if isinstance(value, dict):
+        return {without_nul(key): without_nul(item) for key, item in value.items()}
+    return value
+
+
 HANDLERS: dict[str, Handler] = {}
 
 
@@ -160,7 +178,9 @@ def _llm_call(c: Connection, e: LLMCall, r: RecordedEvent) -> None:
             latency_s=e.latency_s,
             finish_reason=e.finish_reason,
             num_input_messages=len(e.input),
-            tool_calls=[{"name": tc["name"], "args": tc.get("args")} for tc in e.tool_calls]
+            tool_calls=without_nul(
+                [{"name": tc["name"], "args": tc.get("args")} for tc in e.tool_calls]
+            )
             or None,
             has_logprobs=e.num_logprobs > 0,
             error_type=e.error_type,
@@ -192,7 +212,11 @@ def _project_trajectory_messages(c: Connection, rollout_id: str) -> None:
     calls = (load_calls(c, [rollout_id]))[rollout_id]
     rows = message_rows(rollout_id, merge_conversations(calls))
     if rows:
-        c.execute(t.trajectory_messages.insert(), rows)
+        c.execute(t.trajectory_messages.insert(), _nul_free_tool_calls(rows))
+
+
+def _nul_free_tool_calls(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**row, "tool_calls": without_nul(row.get("tool_calls"))} for row in rows]
 
 
 @handles(RolloutFailed)
@@ -303,7 +327,7 @@ def _train_step_completed(c: Connection, e: TrainStepCompleted, r: RecordedEvent
     values = {
         "step": e.step,
         "status": "completed",
-        "metrics": e.metrics,
+        "metrics": without_nul(e.metrics),
         "checkpoint": e.checkpoint,
         "reconciled": e.reconciled,
         "finished_at": r.recorded_at,
@@ -407,4 +431,4 @@ def _trajectory_imported(c: Connection, e: TrajectoryImported, r: RecordedEvent)
     ).scalar()
     rows = imported_message_rows(e, load_bodies(c, blob_hashes([e])))
     if rows and status == "finished":
-        c.execute(t.trajectory_messages.insert(), rows)
+        c.execute(t.trajectory_messages.insert(), _nul_free_tool_calls(rows))

@@ -8,9 +8,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import inspect
 from sqlalchemy.engine import Connection
 
-from artstore.errors import SchemaOutdatedError, SchemaTooNewError
+from artstore.errors import NotFoundError, SchemaError, SchemaOutdatedError, SchemaTooNewError
 
 
 def alembic_config() -> Config:
@@ -62,3 +63,30 @@ def upgrade(connection: Connection, revision: str = "head") -> None:
     config = alembic_config()
     config.attributes["connection"] = connection
     command.upgrade(config, revision)
+
+
+def check_readable(connection: Connection, where: str) -> str:
+    """The revision of a store opened read-only; raise unless it is artstore's, current.
+
+    Nothing is created: an empty database, another application's, or one that needs
+    `artstore db upgrade` is a clear error.
+    """
+    current = current_revision(connection)
+    tables = set(inspect(connection).get_table_names())
+    if current is None:
+        if not tables:
+            raise NotFoundError(
+                f"no artstore store at {where}: the database is empty (a recording command, "
+                "or `artstore db upgrade`, creates one)"
+            )
+        raise SchemaError(_foreign(where, tables))
+    scripts = ScriptDirectory.from_config(alembic_config())
+    if not _is_known(scripts, current) and "events" not in tables:
+        raise SchemaError(_foreign(where, tables - {"alembic_version"}))
+    check_revision(connection, upgrade_allowed=False)
+    return current
+
+
+def _foreign(where: str, tables: set[str]) -> str:
+    names = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+    return f"{where} is not an artstore database (it holds other tables: {names})"

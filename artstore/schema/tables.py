@@ -3,7 +3,8 @@
 Two kinds of table:
 
 - the event log (`events`) and content-addressed `blobs`: append-only, the source of
-  truth; triggers refuse UPDATE and DELETE on them;
+  truth; triggers refuse every statement that would change or remove a row of them
+  (UPDATE, DELETE, TRUNCATE, and on SQLite the REPLACE that deletes before inserting);
 - projections (read models) built from the events inside the same transaction that
   appends them: runs, rollouts, llm_calls, rewards, groups, group_consumptions,
   train_steps, trajectory_messages. They can be rebuilt from the events at any time.
@@ -28,7 +29,6 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
@@ -40,8 +40,9 @@ metadata = MetaData(
     }
 )
 
-# JSONB on PostgreSQL (indexable, queryable with ->>), JSON text on SQLite.
-Json = JSON().with_variant(JSONB(), "postgresql")
+# JSON text, kept exactly as written: `json` on PostgreSQL (not `jsonb`, which reorders
+# keys and refuses the escape \u0000), text on SQLite.
+Json = JSON()
 # SQLite only makes INTEGER PRIMARY KEY an alias of the rowid (and AUTOINCREMENT).
 Position = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -62,19 +63,41 @@ class Timestamp(TypeDecorator):
         return value
 
 
-ID = String(64)
+REPLACEMENT_CHARACTER = "\ufffd"
 
-# Advisory lock held by every transaction that appends events on PostgreSQL ("artstore" in
-# ASCII). The 0001 migration's position trigger takes it too.
-EVENTS_APPEND_LOCK_KEY = 7021802808247546469
-NAME = String(200)
+
+class ProjectedText(TypeDecorator):
+    """Text of a projection table: a NUL character becomes U+FFFD.
+
+    PostgreSQL's text cannot hold NUL; the event log keeps it (escaped in JSON), and the
+    projections, rebuilt from the log at will, show U+FFFD in its place on both
+    databases, so that the views agree.
+    """
+
+    impl = String
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        if isinstance(value, str) and "\x00" in value:
+            return value.replace("\x00", REPLACEMENT_CHARACTER)
+        return value
+
+
+class ProjectedLongText(ProjectedText):
+    impl = Text
+    cache_ok = True
+
+
+ID = ProjectedText(64)
+
+NAME = ProjectedText(200)
 
 # --- source of truth ----------------------------------------------------------------------
 
 events = Table(
     "events",
     metadata,
-    # Global position: commit-ordered on both databases (see artstore/eventstore/sql.py).
+    # Global position: commit-ordered on both databases (see artstore/eventstore/store.py).
     Column("position", Position, primary_key=True, autoincrement=True),
     Column("event_id", String(36), nullable=False, unique=True),
     Column("stream_id", String(255), nullable=False),
@@ -95,6 +118,13 @@ blobs = Table(
     Column("size", Integer, nullable=False),
 )
 
+# PostgreSQL: every transaction that appends events holds an EXCLUSIVE lock on this empty
+# table until it commits (taken by the writer, and by a statement trigger on `events`),
+# so that global positions are handed out in commit order. A table lock, unlike an
+# advisory lock, is refused to a role without privileges on the table (artstore sql's).
+# SQLite leaves it unused: one writer at a time is the file's own rule.
+append_lock = Table("append_lock", metadata, Column("id", Integer, primary_key=True))
+
 # --- projections ----------------------------------------------------------------------------
 
 runs = Table(
@@ -106,11 +136,11 @@ runs = Table(
     Column("base_model", NAME),
     Column("validation_model", NAME),
     Column("scorer", NAME, nullable=False),
-    Column("status", String(20), nullable=False),  # running | finished | failed
+    Column("status", ProjectedText(20), nullable=False),  # running | finished | failed
     Column("config", Json, nullable=False),
     Column("num_scenarios", Integer, nullable=False),
     Column("trainer", NAME),
-    Column("error", Text),
+    Column("error", ProjectedLongText),
     Column("started_at", Timestamp, nullable=False),
     Column("finished_at", Timestamp),
 )
@@ -124,12 +154,12 @@ rollouts = Table(
     Column("scenario_index", Integer),
     Column("scenario", Json),
     Column("model", NAME, nullable=False),
-    Column("role", String(20), nullable=False),  # policy | validation
+    Column("role", ProjectedText(20), nullable=False),  # policy | validation
     Column("policy_step", Integer),
-    Column("status", String(20), nullable=False),  # running | finished | failed
+    Column("status", ProjectedText(20), nullable=False),  # running | finished | failed
     Column("result", Json),
     Column("error_type", NAME),
-    Column("error_message", Text),
+    Column("error_message", ProjectedLongText),
     Column("num_llm_calls", Integer, nullable=False, default=0),
     Column("started_at", Timestamp, nullable=False),
     Column("finished_at", Timestamp),
@@ -150,12 +180,12 @@ llm_calls = Table(
     Column("completion_tokens", Integer),
     Column("total_tokens", Integer),
     Column("latency_s", Float),
-    Column("finish_reason", String(40)),
+    Column("finish_reason", ProjectedText(40)),
     Column("num_input_messages", Integer, nullable=False),
     Column("tool_calls", Json),  # [{"name": ..., "args": {...}}] requested by the model
     Column("has_logprobs", Boolean, nullable=False),
     Column("error_type", NAME),
-    Column("error_message", Text),
+    Column("error_message", ProjectedLongText),
     Column("started_at", Timestamp, nullable=False),
     Column("position", Position, nullable=False),  # of the llm.call event
     Index(None, "rollout_id", "call_index"),
@@ -202,16 +232,16 @@ train_steps = Table(
     Column("model", NAME, nullable=False),
     Column("step_before", Integer, nullable=False),
     Column("step", Integer),  # after training; NULL until completed
-    Column("status", String(20), nullable=False),  # started | completed | failed
+    Column("status", ProjectedText(20), nullable=False),  # started | completed | failed
     Column("scorer", NAME, nullable=False),
     Column("group_ids", Json, nullable=False),
     Column("num_groups", Integer, nullable=False),
     Column("metrics", Json),
-    Column("checkpoint", Text),
-    Column("pushed_to", Text),
+    Column("checkpoint", ProjectedLongText),
+    Column("pushed_to", ProjectedLongText),
     Column("reconciled", Boolean, nullable=False, default=False),
     Column("error_type", NAME),
-    Column("error_message", Text),
+    Column("error_message", ProjectedLongText),
     Column("started_at", Timestamp),
     Column("finished_at", Timestamp),
     Column("duration_s", Float),
@@ -239,11 +269,11 @@ trajectory_messages = Table(
     Column("rollout_id", ID, primary_key=True),
     Column("history_index", Integer, primary_key=True),  # 0 = messages_and_choices
     Column("message_index", Integer, primary_key=True),
-    Column("role", String(20), nullable=False),
-    Column("content", Text),
+    Column("role", ProjectedText(20), nullable=False),
+    Column("content", ProjectedLongText),
     Column("trainable", Boolean, nullable=False),
     Column("tool_calls", Json),
-    Column("tool_call_id", String(100)),
+    Column("tool_call_id", ProjectedText(100)),
     Column("num_logprobs", Integer, nullable=False, default=0),
 )
 

@@ -1,4 +1,5 @@
-"""The SQL views for analysis, declared once; migration 0002 creates them.
+"""The SQL views for analysis, declared once; migration 0002 created them, 0003 recreated
+them over PostgreSQL's `json` columns.
 
 Each view is a SQLAlchemy Core `select()` over the projection tables, compiled for the
 database at hand. Everything a view shows is the same on SQLite and on PostgreSQL: the
@@ -11,7 +12,8 @@ Conventions of every view:
 - timestamps (`*_at`) are UTC text, `YYYY-MM-DD HH:MM:SS.ffffff`, which sorts in time order;
 - durations and latencies (`*_s`) are seconds as floating-point numbers;
 - flags are the integers 0 and 1 (so that `sum(flag)` counts);
-- JSON columns hold JSON (text on SQLite, jsonb on PostgreSQL); JSON `null` reads as NULL;
+- JSON columns hold JSON text exactly as stored (text on SQLite, `json` on PostgreSQL: key
+  order and every character kept); JSON `null` reads as NULL;
 - a reward "latest" for a rollout and a scorer is the one recorded last: re-scoring appends
   a new reward event and never overwrites the old one (DESIGN.md, invariant 6).
 
@@ -142,7 +144,13 @@ def _json_member_sqlite(element, compiler, **kw):
 @compiles(json_member, "postgresql")
 def _json_member_postgresql(element, compiler, **kw):
     doc, key = element.clauses
-    return f"NULLIF({compiler.process(doc, **kw)} -> '{_literal_key(key)}', 'null'::jsonb)"
+    member = f"({compiler.process(doc, **kw)} -> '{_literal_key(key)}')"
+    return _null_for_json_null(member)
+
+
+def _null_for_json_null(value: str) -> str:
+    # PostgreSQL's json has no equality operator (NULLIF): ask for the type instead.
+    return f"CASE WHEN json_typeof({value}) = 'null' THEN NULL ELSE {value} END"
 
 
 def _literal_key(key: ColumnElement) -> str:
@@ -166,7 +174,7 @@ def _json_or_null_sqlite(element, compiler, **kw):
 
 @compiles(json_or_null, "postgresql")
 def _json_or_null_postgresql(element, compiler, **kw):
-    return f"NULLIF({_args(element, compiler, **kw)[0]}, 'null'::jsonb)"
+    return _null_for_json_null(_args(element, compiler, **kw)[0])
 
 
 class json_array_length(FunctionElement):
@@ -186,7 +194,7 @@ def _json_array_length_sqlite(element, compiler, **kw):
 @compiles(json_array_length, "postgresql")
 def _json_array_length_postgresql(element, compiler, **kw):
     (doc,) = _args(element, compiler, **kw)
-    return f"(CASE WHEN jsonb_typeof({doc}) = 'array' THEN jsonb_array_length({doc}) ELSE 0 END)"
+    return f"(CASE WHEN json_typeof({doc}) = 'array' THEN json_array_length({doc}) ELSE 0 END)"
 
 
 class json_array_elements(FunctionElement):
@@ -210,8 +218,8 @@ def _json_array_elements_sqlite(element, compiler, **kw):
 def _json_array_elements_postgresql(element, compiler, **kw):
     (doc,) = _args(element, compiler, **kw)
     return (
-        f"jsonb_array_elements(CASE WHEN jsonb_typeof({doc}) = 'array' "
-        f"THEN {doc} ELSE '[]'::jsonb END) WITH ORDINALITY"
+        f"json_array_elements(CASE WHEN json_typeof({doc}) = 'array' "
+        f"THEN {doc} ELSE '[]'::json END) WITH ORDINALITY"
     )
 
 
@@ -231,12 +239,12 @@ def _json_object_entries_sqlite(element, compiler, **kw):
 @compiles(json_object_entries, "postgresql")
 def _json_object_entries_postgresql(element, compiler, **kw):
     (doc,) = _args(element, compiler, **kw)
-    return f"jsonb_each(CASE WHEN jsonb_typeof({doc}) = 'object' THEN {doc} ELSE '{{}}'::jsonb END)"
+    return f"json_each(CASE WHEN json_typeof({doc}) = 'object' THEN {doc} ELSE '{{}}'::json END)"
 
 
 def elements(doc: ColumnElement, name: str) -> TableValuedAlias:
     """`json_array_elements(doc)` as a FROM item named `name`."""
-    # json_each gives (key, value, type, ...); jsonb_array_elements WITH ORDINALITY gives
+    # json_each gives (key, value, type, ...); json_array_elements WITH ORDINALITY gives
     # (value, ordinality): declare them all, each database reads the ones it has.
     return json_array_elements(doc).table_valued("value", "key", "type", "ordinality", name=name)
 
@@ -310,9 +318,9 @@ def _element_number_sqlite(element, compiler, **kw):
 def _element_number_postgresql(element, compiler, **kw):
     value = compiler.process(element.alias.c.value, **kw)
     return (
-        f"(CASE jsonb_typeof({value}) "
+        f"(CASE json_typeof({value}) "
         f"WHEN 'number' THEN CAST({value} #>> '{{}}' AS DOUBLE PRECISION) "
-        f"WHEN 'boolean' THEN CASE WHEN {value} = 'true'::jsonb THEN 1.0 ELSE 0.0 END END)"
+        f"WHEN 'boolean' THEN CASE WHEN CAST({value} AS TEXT) = 'true' THEN 1.0 ELSE 0.0 END END)"
     )
 
 

@@ -33,10 +33,9 @@ import asyncio
 import inspect
 import itertools
 import json
-import logging
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +45,7 @@ from artstore.errors import ArtstoreError, ConfigurationError
 from artstore.events import RunFinished, RunResumed, RunStarted
 from artstore.eventstore.blobs import canonical_json
 from artstore.eventstore.store import NO_STREAM
+from artstore.redaction import redacting_logger
 from artstore.training.config import TrainingConfig, check_count
 from artstore.training.groups import (
     abandon_rollouts,
@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 
     from artstore.store import Store
 
-log = logging.getLogger("artstore.training")
+log = redacting_logger("artstore.training")
 
 AgentFunction = Callable[[Any, str], Any]  # (scenario, rollout id) -> result, maybe awaitable
 RewardFunction = Callable[[Any, list[Any], list[Any]], Any]  # -> one reward per trajectory
@@ -349,6 +349,10 @@ class TrainingFramework:
         """
         if not isinstance(config, TrainingConfig):
             raise ConfigurationError("config must be an artstore.TrainingConfig")
+        if isinstance(scenarios, str | bytes | Mapping) or not isinstance(scenarios, Iterable):
+            raise ConfigurationError(
+                f"scenarios is a list of scenarios, not a {type(scenarios).__name__}"
+            )
         scenarios = list(scenarios)
         if not scenarios:
             raise ConfigurationError("there are no scenarios to train on")
@@ -542,17 +546,21 @@ class TrainingFramework:
         done = await group_rollouts(store, place.group_id)
         if not done.policy:
             first = failures[0] if failures else None
+            # Redacted as events are; the error is not chained, since its message may hold
+            # a key (its traceback is in the rollout's rollout.failed event, redacted).
             raise RolloutsFailedError(
-                f"{place}: all {recipe.group_size} rollouts failed (recorded, with their "
-                f"tracebacks); the first error: {type(first).__name__}: {first}"
-            ) from first
+                store.redact(
+                    f"{place}: all {recipe.group_size} rollouts failed (recorded, with their "
+                    f"tracebacks); the first error: {type(first).__name__}: {first}"
+                )
+            ) from None
         if failures:
             log.warning(
-                "%s: %d rollouts failed and are left out of the group (first: %s: %s)",
-                place,
-                len(failures),
-                type(failures[0]).__name__,
-                failures[0],
+                "%s",
+                store.redact(
+                    f"{place}: {len(failures)} rollouts failed and are left out of the group "
+                    f"(first: {type(failures[0]).__name__}: {failures[0]})"
+                ),
             )
         ids = [*done.policy, *done.validation]
         trajectories = await store.trajectories(ids)

@@ -10,7 +10,6 @@ push a crash interrupted is done again.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import socket
@@ -23,6 +22,7 @@ from sqlalchemy import func, select
 from artstore import art_versions
 from artstore.errors import ArtstoreError
 from artstore.events import CheckpointPushed, TrainStepCompleted, TrainStepFailed, TrainStepStarted
+from artstore.redaction import redacting_logger
 from artstore.schema import tables as t
 from artstore.training.groups import load_groups
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from artstore.store import Store
 
-log = logging.getLogger("artstore.training")
+log = redacting_logger("artstore.training")
 
 
 class TrainStepError(ArtstoreError):
@@ -122,6 +122,10 @@ async def _settle_open_step(
     if latest and backend_step > open_step.step_before:
         # backend.train returned (or wrote its checkpoint) but the trainer died before the
         # step was recorded: the groups were trained, record that rather than train again.
+        # ART's own history first (the metrics died with the trainer): a crash before the
+        # record leaves the step open, and the next start logs it again, then records it;
+        # recorded first, a crash in between would leave ART's history without the step.
+        await _log_step(model, await load_groups(store, group_ids, open_step.scorer), backend_step)
         await store.append(
             stream,
             [
@@ -135,8 +139,6 @@ async def _settle_open_step(
                 )
             ],
         )
-        # The trajectories of the step for ART's own history (metrics died with the trainer).
-        await _log_step(model, await load_groups(store, group_ids, open_step.scorer), backend_step)
         return (
             f"step {backend_step} of run {open_step.run!r} was trained before a crash but not "
             "recorded; recorded it from the backend's step"
@@ -211,8 +213,10 @@ async def train_groups(
             ],
         )
         raise TrainStepError(
-            f"backend.train failed at step {step_before + 1} of run {run!r}: "
-            f"{type(exc).__name__}: {exc} (the groups stay unconsumed; resume to retry)"
+            store.redact(
+                f"backend.train failed at step {step_before + 1} of run {run!r}: "
+                f"{type(exc).__name__}: {exc} (the groups stay unconsumed; resume to retry)"
+            )
         ) from exc
     duration_s = time.monotonic() - clock
     # ART's own history before the record: a crash in between logs the step again on
