@@ -54,6 +54,11 @@ def has_exchanges() -> bool:
     return art_version() >= EXCHANGES_ART
 
 
+def has_pipeline_trainer() -> bool:
+    """ART >= 0.5.20: `art.pipeline_trainer.PipelineTrainer` (async rollouts and training)."""
+    return art_version() >= EXCHANGES_ART
+
+
 # --- models -------------------------------------------------------------------------------
 
 

@@ -76,6 +76,7 @@ class Store(EventStore):
     ) -> dict[str, art.Trajectory]:
         """Several trajectories at once (one query for all their events and messages)."""
         from artstore.projections.imported import blob_hashes, imported_trajectory, load_bodies
+        from artstore.projections.recorded import recorded_blob_hashes, recorded_trajectory
         from artstore.projections.trajectories import (
             StoredCalls,
             build_trajectory,
@@ -84,24 +85,39 @@ class Store(EventStore):
 
         ids = list(dict.fromkeys(rollout_ids))
         streams = await self.read_streams(f"rollout-{rollout_id}" for rollout_id in ids)
-        # Imported rollouts (`artstore import`) hold their histories in `trajectory.imported`.
-        imported = {
-            e.stream_id.removeprefix("rollout-"): e.decode()
-            for stream in streams.values()
-            for e in stream
-            if e.type == "trajectory.imported"
-        }
+        # Imported rollouts (`artstore import`) hold their histories in `trajectory.imported`,
+        # trajectories a loop built itself in `trajectory.recorded`.
+        stored: dict[str, dict[str, Any]] = {"trajectory.imported": {}, "trajectory.recorded": {}}
+        for stream in streams.values():
+            for e in stream:
+                if e.type in stored:
+                    stored[e.type][e.stream_id.removeprefix("rollout-")] = e.decode()
+        imported, recorded = stored["trajectory.imported"], stored["trajectory.recorded"]
+        hashes = blob_hashes(imported.values()) | recorded_blob_hashes(recorded.values())
         async with self.database.read() as connection:
             calls = await connection.run_sync(StoredCalls.load, ids)  # parsed one rollout at a time
             rewards = await latest_rewards(connection, ids, scorer)
-            bodies = await connection.run_sync(load_bodies, blob_hashes(imported.values()))
+            bodies = await connection.run_sync(load_bodies, hashes)
         result = {}
         for rollout_id in ids:
-            recorded = streams[f"rollout-{rollout_id}"]
-            if not recorded:
+            recorded_stream = streams[f"rollout-{rollout_id}"]
+            if not recorded_stream:
                 raise NotFoundError(f"no rollout {rollout_id!r} in this store")
-            started = recorded[0].decode()
-            finished = next((e.decode() for e in recorded if e.type == "rollout.finished"), None)
+            if rollout_id in recorded:
+                # Without a scorer's reward: the reward the trajectory was recorded with
+                # (a scorer was named: 0.0, as for any rollout it has not scored).
+                found = rewards.get(rollout_id)
+                result[rollout_id] = recorded_trajectory(
+                    recorded[rollout_id],
+                    bodies,
+                    reward=found[0] if found else (None if scorer is None else 0.0),
+                    reward_metrics=found[1] if found else None,
+                )
+                continue
+            started = recorded_stream[0].decode()
+            finished = next(
+                (e.decode() for e in recorded_stream if e.type == "rollout.finished"), None
+            )
             reward, reward_metrics = rewards.get(rollout_id, (0.0, {}))
             build = (
                 partial(imported_trajectory, imported[rollout_id], bodies)
@@ -137,6 +153,67 @@ class Store(EventStore):
         from artstore.training.rescore import rescore
 
         return await rescore(self, run, reward_function, scorer, **options)
+
+    # --- loops of your own (ART's objects in and out) ---------------------------------------
+
+    async def record_group(self, group: art.TrajectoryGroup, *, run: str, **options: Any) -> str:
+        """Record an `art.TrajectoryGroup` a loop built as a sealed group of `run`; its id.
+
+        See `artstore.training.recording.record_group`.
+        """
+        from artstore.training.recording import record_group
+
+        return await record_group(self, group, run=run, **options)
+
+    def group_recorder(self, *, run: str, **options: Any):
+        """An `after_each=` for `art.gather_trajectory_groups` that records each group."""
+        from artstore.training.recording import group_recorder
+
+        return group_recorder(self, run=run, **options)
+
+    async def groups(self, run: str, **options: Any) -> list[art.TrajectoryGroup]:
+        """The sealed groups of `run` as `art.TrajectoryGroup`s (options: batch, scorer)."""
+        from artstore.training.run_groups import run_groups
+
+        return await run_groups(self, run, **options)
+
+    async def unconsumed_groups(
+        self, run: str, model: art.TrainableModel, **options: Any
+    ) -> list[art.TrajectoryGroup]:
+        """The sealed groups of `run` that `model` has not been trained on (option: scorer)."""
+        from artstore.training.run_groups import unconsumed_groups
+
+        return await unconsumed_groups(self, run, model, **options)
+
+    def backend(self, backend: Any, *, run: str, scorer: str | None = None):
+        """`backend` (an `art.Backend`) with every `train` call recorded as a step of `run`."""
+        from artstore.training.backend import record_backend
+
+        return record_backend(self, backend, run=run, scorer=scorer)
+
+    def durable_rollouts(self, rollout: Any, *, run: str, **options: Any):
+        """`rollout` (returning an `art.Trajectory`) recorded, and resumed after a crash."""
+        from artstore.training.durable import durable_rollouts
+
+        return durable_rollouts(self, rollout, run=run, **options)
+
+    def pipeline_trainer(self, *, run: str, **options: Any):
+        """ART's `PipelineTrainer` (ART >= 0.5.20) on this store: no group lost in a crash."""
+        from artstore.training.pipeline import pipeline_trainer
+
+        return pipeline_trainer(self, run=run, **options)
+
+    async def start_run(self, run: str, *, model: Any, **options: Any) -> bool:
+        """Start `run` (options: scorer, config) or resume it; True when resuming."""
+        from artstore.training.runs import start_run
+
+        return await start_run(self, run, model=model, **options)
+
+    async def finish_run(self, run: str, *, error: Any = None) -> None:
+        """Record that `run` finished (or failed, with `error`)."""
+        from artstore.training.runs import finish_run
+
+        await finish_run(self, run, error=error)
 
     async def rebuild_projections(self) -> int:
         """Recompute every projection table from the event log; returns the events replayed."""

@@ -90,7 +90,11 @@ async def test_ruler_scores_are_recorded_and_nothing_ruler_drops_is_lost(store, 
             assert trajectory.metrics["ruler_score"] == reward
             assert trajectory.metrics["independent_reward"] == run_reward
             assert trajectory.metrics["num_tool_calls"] == len(result["tools_used"])
-            assert trajectory.metadata == {"animal": animal}
+            assert trajectory.metadata == {
+                "animal": animal,
+                "artstore_rollout_id": rollout_id,  # where it is in the store
+                "artstore_group_id": group_id,
+            }
             assert trajectory.logs == [f"answered: {result['answer']}"]
             assert trajectory.tools and trajectory.messages_and_choices
     # A second model trains on RULER's scores.
