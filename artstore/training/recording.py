@@ -19,6 +19,7 @@ recorded again); trajectories that are already finished rollouts of this store
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import numbers
@@ -326,8 +327,8 @@ async def record_group(
       the trajectories carry no `initial_policy_version`.
 
     Stamps the group and its trajectories with their ids (see the module docstring).
-    Rollouts are written before the group, so a crash in between leaves finished
-    rollouts and no group, never a group without its rollouts.
+    The new rollouts and the seal are committed in one transaction: a crash leaves
+    the group whole or not at all.
     """
     import art
 
@@ -398,9 +399,6 @@ async def record_group(
             where=f"{where}, trajectory {index}",
         )
         pending.append((rollout_stream(rollout_id), events, blobs))
-    # Everything is encoded (and refused, if it must be) before anything is written.
-    for stream_id, events, blobs in pending:
-        await store.append(stream_id, events, NO_STREAM, blobs=blobs)
     reused = [(i, r) for i, r in enumerate(rollout_ids) if (i, r) not in new_rollouts]
     await _sync(
         store,
@@ -416,28 +414,33 @@ async def record_group(
     failed = [r for r in [*members["failed"], *members["running"]] if r not in rollout_ids]
     details = Blobs(store.redact)
     art_group = details.add(_art_group_details(group), f"{where} metadata, metrics or logs")
-    await store.append(
-        group_stream(group_id),
-        [
-            RewardsRecorded(
-                group_id=group_id,
-                scorer=scorer,
-                rewards=dict(zip(rollout_ids, rewards, strict=True)),
-            ),
-            GroupSealed(
-                group_id=group_id,
-                run=run,
-                epoch=epoch,
-                batch=batch,
-                scenario_index=scenario_index,
-                rollout_ids=rollout_ids,
-                failed_rollout_ids=failed,
-                art_group=art_group,
-            ),
-        ],
-        NO_STREAM,
-        blobs=details,
-    )
+    sealing = [
+        RewardsRecorded(
+            group_id=group_id, scorer=scorer, rewards=dict(zip(rollout_ids, rewards, strict=True))
+        ),
+        GroupSealed(
+            group_id=group_id,
+            run=run,
+            epoch=epoch,
+            batch=batch,
+            scenario_index=scenario_index,
+            rollout_ids=rollout_ids,
+            failed_rollout_ids=failed,
+            art_group=art_group,
+        ),
+    ]
+    # Everything was encoded (and refused, if it had to be) before anything is written.
+    # Queued together, without awaiting in between: the writer commits the new rollouts
+    # and the seal in one transaction (group commit), so a crash leaves all or nothing.
+    futures = [
+        store.append_nowait(stream_id, events, NO_STREAM, blobs=blobs)
+        for stream_id, events, blobs in pending
+    ]
+    futures.append(store.append_nowait(group_stream(group_id), sealing, NO_STREAM, blobs=details))
+    outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
     _stamp_group(group, trajectories, rollout_ids, group_id)
     return group_id
 
