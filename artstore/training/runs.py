@@ -102,6 +102,8 @@ async def ensure_run(store: Store, run: str, *, model: Any, scorer: str | None) 
     if recorded:
         await _check_not_imported(store, run, recorded[0])
         return scorer or await run_scorer(store, run)
+    if model is None and await _has_row(store, run):
+        return scorer or await run_scorer(store, run)  # made by its rollouts: keep it so
     with contextlib.suppress(WrongExpectedVersionError):  # started meanwhile elsewhere
         await store.append(
             run_stream(run),
@@ -109,6 +111,12 @@ async def ensure_run(store: Store, run: str, *, model: Any, scorer: str | None) 
             NO_STREAM,
         )
     return scorer or await run_scorer(store, run)
+
+
+async def _has_row(store: Store, run: str) -> bool:
+    async with store.database.read() as connection:
+        found = await connection.execute(select(t.runs.c.run).where(t.runs.c.run == run))
+        return found.first() is not None
 
 
 async def run_scorer(store: Store, run: str) -> str:
