@@ -224,15 +224,15 @@ async def load_groups(
             trajectory.metadata.update(artstore_rollout_id=rollout_id, artstore_group_id=group_id)
         if event.art_group:
             details = bodies[event.art_group]
-            groups.append(
-                art.TrajectoryGroup(
-                    members,
-                    exceptions=[PydanticException(**e) for e in details["exceptions"]],
-                    metadata={**details["metadata"], "artstore_group_id": group_id},
-                    metrics=details["metrics"],
-                    logs=details["logs"],
-                )
+            group = art.TrajectoryGroup(
+                members,
+                metadata={**details["metadata"], "artstore_group_id": group_id},
+                metrics=details["metrics"],
+                logs=details["logs"],
             )
+            # Set, not given: ART 0.5.18's constructor takes exceptions as raised ones.
+            group.exceptions = [PydanticException(**e) for e in details["exceptions"]]
+            groups.append(group)
             continue
         metadata = {"group_id": group_id, "run": event.run, "scenario_index": event.scenario_index}
         metadata = {k: v for k, v in metadata.items() if v is not None}
