@@ -44,6 +44,11 @@ def iso(value: datetime | None) -> str | None:
     return value.astimezone(UTC).isoformat()
 
 
+def model_name(run: Any) -> str:
+    """The run's model as "project/name" (its name alone when no project is known)."""
+    return f"{run.project}/{run.model}" if run.project else run.model
+
+
 def own_models(run: Any) -> set[str]:
     """The keys under which the run's own model trains ("project/name")."""
     return {f"{run.project}/{run.model}", run.model}
@@ -99,7 +104,7 @@ async def list_runs(store: Store) -> list[Row]:
         result.append(
             {
                 "run": run.run,
-                "model": f"{run.project}/{run.model}",
+                "model": model_name(run),
                 "status": run.status,
                 "steps": sum(n for n, _ in own_steps),
                 "step": max((last for _, last in own_steps if last is not None), default=None),
@@ -170,7 +175,7 @@ async def _run_section(c: AsyncConnection, info: Any) -> Row:
     )
     return {
         "run": info.run,
-        "model": f"{info.project}/{info.model}",
+        "model": model_name(info),
         "base_model": info.base_model,
         "validation_model": info.validation_model,
         "scorer": info.scorer,
