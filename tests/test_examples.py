@@ -2,7 +2,8 @@
 
 Each is a real script of one of ART's patterns made durable (examples/): it starts the
 local inference server and trains on CheckOnlyBackend. The resumable loop is killed for
-real (SIGKILL) while groups are recorded and not trained yet, then run again.
+real (SIGKILL) while groups are recorded and not trained yet, then run again. The
+PipelineTrainer example needs ART >= 0.5.20: tests/test_pipeline_crash_resume.py runs it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from sqlalchemy import func, select
 from training_helpers import assert_consistent, rows
 
 import artstore
-from artstore.art_versions import has_pipeline_trainer
 from artstore.schema import tables as t
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -71,14 +71,6 @@ async def test_an_example_runs_and_records_its_run(database_url, tmp_path, examp
     output = await asyncio.to_thread(finish, start(example, database_url, tmp_path))
     assert f"step {steps}:" in output
     assert await run_summary(database_url, run) == ("finished", steps, 2 * steps, 2 * steps)
-
-
-@pytest.mark.skipif(not has_pipeline_trainer(), reason="PipelineTrainer needs ART >= 0.5.20")
-async def test_the_pipeline_trainer_example_runs(database_url, tmp_path):
-    output = await asyncio.to_thread(finish, start("pipeline_trainer.py", database_url, tmp_path))
-    assert "trained to step" in output
-    status, steps, groups, consumed = await run_summary(database_url, "examples/pipeline")
-    assert (status, groups) == ("finished", 8) and steps >= 1 and consumed <= groups
 
 
 async def test_the_resumable_loop_killed_while_groups_wait_resumes_them_first(

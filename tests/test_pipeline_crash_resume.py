@@ -17,7 +17,8 @@ ART's own resume would skip the scenarios counted as pulled (queued and in-fligh
 lost). Here: every scenario has exactly one group, a scenario whose group was recorded is
 never rolled out again, every group with reward spread is trained exactly once (the
 store and the backend's checkpoints agree), and a group recorded before a crash is
-trained before any group rolled out after it.
+trained before any group rolled out after it. The module also runs
+examples/pipeline_trainer.py. On an older ART the whole module is skipped (once).
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ from artstore.art_versions import has_pipeline_trainer, rewards_have_zero_varian
 from artstore.backends import CheckOnlyBackend
 from artstore.schema import tables as t
 
-pytestmark = pytest.mark.skipif(
-    not has_pipeline_trainer(), reason="ART's PipelineTrainer needs openpipe-art >= 0.5.20"
-)
+if not has_pipeline_trainer():  # one module-level skip: no PostgreSQL test is skipped
+    pytest.skip("ART's PipelineTrainer needs openpipe-art >= 0.5.20", allow_module_level=True)
 
 PLAN = [
     "rollout:3",
@@ -178,3 +178,20 @@ async def check_run(store: artstore.Store, seen: list[dict[str, set[str]]], work
     before = await projections(store)
     await store.rebuild_projections()
     assert await projections(store) == before
+
+
+async def test_the_pipeline_trainer_example_runs(database_url, tmp_path):
+    from test_examples import finish, start
+
+    output = await asyncio.to_thread(finish, start("pipeline_trainer.py", database_url, tmp_path))
+    assert "trained to step" in output
+    async with await artstore.open_store(database_url) as store:
+        (run,) = await rows(store, t.runs)
+        groups = await rows(store, t.groups)
+        consumed = await rows(store, t.group_consumptions)
+        steps = [s for s in await rows(store, t.train_steps) if s.status == "completed"]
+        before = await projections(store)
+        await store.rebuild_projections()
+        assert await projections(store) == before
+    assert (run.run, run.status, len(groups)) == ("examples/pipeline", "finished", 8)
+    assert steps and len(consumed) <= len(groups)
