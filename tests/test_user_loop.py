@@ -22,7 +22,7 @@ from sqlalchemy import func, select, text
 from trained_run import cli
 from training_helpers import assert_consistent, rows
 
-from artstore.art_versions import history_class, trainable_model
+from artstore.art_versions import has_exchanges, history_class, trainable_model
 from artstore.backends import CheckOnlyBackend
 from artstore.errors import ConfigurationError, GroupAlreadyConsumedError, InvalidEventError
 from artstore.schema import tables as t
@@ -197,6 +197,20 @@ async def test_a_recorded_group_comes_back_whole_and_exactly(store, server, tmp_
     await store.record_group(group, run=RUN, model=model)
     (again,) = await store.groups(RUN)
     assert again.trajectories[0].reward == 0.75
+    if has_exchanges():  # ART >= 0.5.20 captures raw exchanges: they are kept whole too
+        client = AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
+        captured = []
+        for _ in range(2):
+            with art.Trajectory() as trajectory:  # ART's own capture of the HTTP exchange
+                await client.chat.completions.create(
+                    model="test-model", messages=[{"role": "user", "content": "hi"}], logprobs=True
+                )
+            trajectory.reward = 0.5
+            captured.append(trajectory)
+        exchanged = art.TrajectoryGroup(captured)
+        await store.record_group(exchanged, run="loops/exchanges", model=model)
+        (stored,) = await store.groups("loops/exchanges")
+        assert stored == exchanged and stored.trajectories[0].exchanges.chat_completions
     await backend.close()
     await assert_consistent(store)
 
