@@ -27,6 +27,8 @@ from artstore.store import Store, open_store
 __version__ = "0.1.0"
 
 _TRAINING = {"TrainingFramework", "TrainingConfig", "train", "RunSummary"}
+# Training on a store that holds runs: functions that take the store.
+_ON_A_STORE = {"replay": "artstore.training.replay", "rescore": "artstore.training.rescore"}
 
 
 def __getattr__(name: str):
@@ -35,6 +37,10 @@ def __getattr__(name: str):
         from artstore import training
 
         return getattr(training, name)
+    if name in _ON_A_STORE:
+        import importlib
+
+        return getattr(importlib.import_module(_ON_A_STORE[name]), name)
     raise AttributeError(f"module 'artstore' has no attribute {name!r}")
 
 
@@ -54,5 +60,7 @@ __all__ = [
     "WrongExpectedVersionError",
     "__version__",
     "open_store",
+    "replay",
+    "rescore",
     "train",
 ]

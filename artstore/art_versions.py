@@ -110,6 +110,58 @@ def has_exchange_data(trajectory: art.Trajectory) -> bool:
     return bool(getattr(trajectory, "exchanges", None))
 
 
+#: The lists of `Trajectory.exchanges` (ART >= 0.5.20), one per API that ART captures.
+EXCHANGE_KINDS = ("chat_completions", "completions", "responses", "messages")
+
+
+def exchanges_problem(data: Any) -> str | None:
+    """What is wrong with the JSON of a `Trajectory.exchanges`, or None.
+
+    Names other than ART's four lists are refused on either ART. ART >= 0.5.20 validates
+    the rest with its own `TrajectoryExchanges`; ART 0.5.18 has no such class, so there only
+    the shape is checked (lists of objects), and an import keeps them for a newer ART.
+    """
+    if not isinstance(data, dict):
+        return "not a JSON object"
+    unknown = [key for key in data if key not in EXCHANGE_KINDS]
+    if unknown:  # ART's model would drop them without a word
+        kinds = ", ".join(EXCHANGE_KINDS)
+        return f"holds {', '.join(map(repr, unknown))}; ART's exchanges are {kinds}"
+    if has_exchanges():
+        from art.trajectories import TrajectoryExchanges
+        from pydantic import ValidationError
+
+        try:
+            TrajectoryExchanges.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            return f"not ART's exchanges ({where}: {first['msg']})"
+        return None
+    for key, items in data.items():
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            return f"{key} is not a list of objects"
+    return None
+
+
+def trajectory_exchanges(data: Any, where: str) -> Any:
+    """ART's `TrajectoryExchanges` rebuilt from its JSON (ART >= 0.5.20).
+
+    ART 0.5.18 has no `Trajectory.exchanges`: ArtVersionError, naming `where` (the rollout).
+    """
+    if not has_exchanges():
+        from artstore.errors import ArtVersionError
+
+        raise ArtVersionError(
+            f"{where} holds ART's captured exchanges (raw LLM requests and responses), which "
+            f"ART {'.'.join(map(str, art_version()))} cannot represent: they are stored whole; "
+            "read this trajectory with openpipe-art >= 0.5.20 (Python >= 3.12)"
+        )
+    from art.trajectories import TrajectoryExchanges
+
+    return TrajectoryExchanges.model_validate(data)
+
+
 def rewards_have_zero_variance(rewards: list[float]) -> bool:
     """ART's test for a group with no reward spread (it trains nothing on such a group).
 
@@ -144,5 +196,11 @@ def train_keywords_of_this_art() -> set[str]:
 
 
 def parquet_format_version() -> int:
-    """The parquet layout `model.log` writes: 2 (lossless JSON per trajectory) or 1."""
+    """The parquet layout that ART's writer (`model.log`, `artstore export`) produces here.
+
+    2 on ART >= 0.5.20 (each group and trajectory as JSON, lossless: Choice objects with
+    their logprobs, additional histories, policy versions, exchanges), 1 on 0.5.18 (flat
+    messages: no logprobs, no additional histories, no policy versions). artstore's
+    importer reads both on either ART (`artstore.exchange.parquet`).
+    """
     return 2 if has_exchanges() else 1

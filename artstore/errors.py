@@ -106,3 +106,7 @@ class ExchangeFormatError(ArtstoreError, ValueError):
 
 class ImportConflictError(ArtstoreError):
     """An import would write rollouts or groups the store already holds from elsewhere."""
+
+
+class ArtVersionError(ArtstoreError):
+    """The installed ART cannot represent something the store holds (a newer ART can)."""

@@ -282,12 +282,16 @@ class TrajectoryImported(Event):
 
     Follows the rollout's `rollout.finished` (or `rollout.failed`) in its stream.
     `histories[0]` is `messages_and_choices`, the others `additional_histories`.
+    `exchanges` is ART's `Trajectory.exchanges` (ART >= 0.5.20: the raw request and response
+    of each LLM call ART captured), kept as the source held it; such a trajectory has no
+    other history.
     """
 
     rollout_id: str
     source: Literal["parquet", "jsonl"]
     path: str
     histories: list[ImportedHistory]
+    exchanges: str | None = None  # blob hash of the exchanges' JSON (None: none captured)
     initial_policy_version: int | None = None
     final_policy_version: int | None = None
     split: str | None = None  # parquet: `trajectories/<split>/<step>.parquet`

@@ -1,4 +1,9 @@
-"""`open_store` and `Store`: the one entry point of the library."""
+"""`open_store` and `Store`: the one entry point of the library.
+
+A `Store` is the event store with its projections and the capture of rollouts; training
+is built on it, in functions that take the store (`artstore.replay`, `artstore.rescore`,
+`artstore.TrainingFramework`).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,11 @@ from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import select, text
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
 
 from artstore.errors import DatabaseUnavailableError, NotFoundError
-from artstore.eventstore.database import Database, check_reachable, connect, translate_error
+from artstore.eventstore.database import Database, connect, translate_error
 from artstore.eventstore.store import EventStore
 from artstore.schema import migrate
 from artstore.schema import tables as t
@@ -133,26 +139,7 @@ class Store(EventStore):
             )
         return result
 
-    # --- training -----------------------------------------------------------------------
-
-    async def replay(self, run: str, model: art.TrainableModel, **options: Any):
-        """Train `model` on the sealed groups of `run` it has not consumed.
-
-        Options: scorer, max_staleness, groups_per_step, dry_run, train_kwargs, on_step.
-        See `artstore.training.replay.replay`.
-        """
-        from artstore.training.replay import replay
-
-        return await replay(self, run, model, **options)
-
-    async def rescore(self, run: str, reward_function: Any, scorer: str, **options: Any):
-        """Score the groups of `run` again with `reward_function`, recorded as `scorer`.
-
-        See `artstore.training.rescore.rescore`.
-        """
-        from artstore.training.rescore import rescore
-
-        return await rescore(self, run, reward_function, scorer, **options)
+    # --- maintenance --------------------------------------------------------------------
 
     # --- loops of your own (ART's objects in and out) ---------------------------------------
 
@@ -219,8 +206,13 @@ class Store(EventStore):
         """Recompute every projection table from the event log; returns the events replayed."""
         from artstore.projections import rebuild
 
+        def locked_rebuild(connection: Connection) -> int:
+            # Hold appenders off: an append projected meanwhile would update deleted rows.
+            self.database.lock_appends(connection)
+            return rebuild(connection)
+
         await self.flush()
-        return await self.database.run_write(lambda connection: connection.run_sync(rebuild))
+        return await self.database.run_write(lambda c: c.run_sync(locked_rebuild))
 
 
 async def latest_rewards(
@@ -250,7 +242,7 @@ async def open_store(url: str | None = None, *, migrate_schema: bool = True) -> 
     """
     database = connect(resolve_url(url))
     try:
-        await check_reachable(database)
+        await database.check_reachable()
         await prepare_schema(database, upgrade=migrate_schema)
     except BaseException:
         await database.dispose()
@@ -264,9 +256,7 @@ async def prepare_schema(database: Database, *, upgrade: bool) -> str | None:
     """Check the schema revision and migrate to head when allowed; returns the revision."""
 
     async def work(connection) -> str | None:
-        if database.dialect == "postgresql":
-            # One migrator at a time when several workers open a fresh database together.
-            await connection.execute(text("SELECT pg_advisory_xact_lock(7021802808247546470)"))
+        await database.lock_migrations(connection)
         found = await connection.run_sync(migrate.check_revision, upgrade_allowed=upgrade)
         if upgrade and found != migrate.head_revision():
             await connection.run_sync(migrate.upgrade)

@@ -1,9 +1,13 @@
-"""`artstore export` and `artstore import` (issue 5), on SQLite and on PostgreSQL.
+"""`artstore export` and `artstore import`, on SQLite and on PostgreSQL, on either ART.
 
-- the parquet export is ART's layout, read back by ART's own reader;
+- the parquet export is ART's layout in the installed ART's format (2 on ART >= 0.5.20,
+  lossless; 1 on 0.5.18), read back by ART's own reader;
 - the JSONL export imported into a fresh store gives the same trajectories, field for field
   (Choice objects with their logprobs, tools per history, additional histories, rewards);
 - parquet written by ART's own `model.log` imports as rollouts marked imported;
+- parquet formats 1 and 2 both import on either ART, as ART's reader returns them (format 2
+  with its Choice objects and logprobs: trainable by `artstore replay`; ART's exchanges kept
+  whole, and refused only where ART 0.5.18 cannot represent them);
 - importing again writes nothing, clashes and bad files import nothing, with one clear line.
 """
 
@@ -22,17 +26,33 @@ from art.utils.trajectory_logging import read_trajectory_groups_parquet
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from openai.types.chat import ChatCompletionMessage, ChatCompletionTokenLogprob
 from openai.types.chat.chat_completion import Choice, ChoiceLogprobs
+from parquet_samples import (
+    EXCHANGES_SAMPLE,
+    SAMPLES,
+    exchanges_groups,
+    sample_groups,
+    write_samples,
+)
 from sqlalchemy import func, select, text
 from typer.testing import CliRunner
 
 import artstore
+from artstore.art_versions import has_exchanges, parquet_format_version, trainable_model
 from artstore.backends import CheckOnlyBackend
+from artstore.backends.check_only import CHECKPOINT_FILE
 from artstore.cli import app
-from artstore.errors import ExchangeFormatError, ImportConflictError
-from artstore.events import GroupSealed, RewardsRecorded, RunStarted, TrainStepCompleted
+from artstore.errors import ArtVersionError, ExchangeFormatError, ImportConflictError
+from artstore.events import (
+    GroupSealed,
+    RewardsRecorded,
+    RunStarted,
+    TrainStepCompleted,
+    TrajectoryImported,
+    decode_event,
+)
 from artstore.exchange import export_jsonl, export_parquet, import_path
 from artstore.exchange.importer import derived_id
-from artstore.exchange.parquet import ART_COLUMNS
+from artstore.exchange.parquet import COLUMNS
 from artstore.schema import tables as t
 
 RUN = "p/agent"
@@ -175,7 +195,8 @@ def no_wandb(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def cli(*args: str):
-    return CliRunner().invoke(app, list(args))
+    # Wide enough that rich wraps no error line (one_line below joins the wrapped ones).
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "400"})
 
 
 def one_line(text: str) -> str:
@@ -221,20 +242,41 @@ async def test_parquet_export_is_read_back_by_arts_own_reader(store, tmp_path: P
         "val/0001": [["g0-v"]],
         "unconsumed/0001": [["g1-a"]],
     }
+    version = parquet_format_version()  # what this ART's writer (and model.log) writes
     for name, groups in expected.items():
         path = tmp_path / "out" / "trajectories" / f"{name}.parquet"
-        assert pq.read_schema(path).names == list(ART_COLUMNS)
+        assert pq.read_schema(path).names == list(COLUMNS[version])
         read = read_trajectory_groups_parquet(path)
         assert [len(g.trajectories) for g in read] == [len(ids) for ids in groups]
         for group, ids in zip(read, groups, strict=True):
             assert group.metadata["run"] == RUN
             for got, rid in zip(group.trajectories, ids, strict=True):
                 stored = await store.trajectory(rid, scorer="correct")
+                if version == 2:
+                    # Lossless: Choice objects with their logprobs, tools, additional
+                    # histories, policy versions, exactly as the store projects them.
+                    assert_same_trajectory(got, stored)
+                    continue
                 assert got.reward == stored.reward
                 assert got.metrics == stored.metrics
                 assert [(m["role"], m["content"] or "") for m in got.messages()] == [
                     (m["role"], m["content"] or "") for m in stored.messages()
                 ]
+                # Format 1 flattens Choice objects into plain messages: no logprobs.
+                assert not [i for i in got.messages_and_choices if isinstance(i, Choice)]
+                assert got.additional_histories == [] and got.tools is None
+    trained = read_trajectory_groups_parquet(tmp_path / "out/trajectories/train/0001.parquet")
+    first = trained[0].trajectories[0]
+    if version == 2:
+        answer = first.messages_and_choices[4]
+        assert isinstance(answer, Choice)
+        assert [(t.token, t.logprob) for t in answer.logprobs.content] == [
+            ("answer", -0.5),
+            ("of", -0.5),
+            ("g0-a", -0.5),
+        ]
+        assert first.additional_histories[0].tools == SUMMARIZE
+        assert isinstance(first.additional_histories[0].messages_and_choices[1], Choice)
     assert (await store.trajectory("g1-a", scorer="correct")).reward == 0.0  # re-scored
 
 
@@ -414,7 +456,7 @@ def art_groups(split: str) -> list[art.TrajectoryGroup]:
 
 async def art_logged_model(tmp_path: Path) -> Path:
     """`model.log` output for train step 1 (2 groups of 2) and a val split (2 groups of 2)."""
-    model = art.TrainableModel(name="agent", run_name="agent", project="p", base_model="base")
+    model = trainable_model(name="agent", project="p", base_model="base")
     await model.register(CheckOnlyBackend(path=tmp_path / "art"))
     await model.log(art_groups("train"), split="train", step=1)
     await model.log(art_groups("val"), split="val", step=1)
@@ -423,6 +465,7 @@ async def art_logged_model(tmp_path: Path) -> Path:
 
 async def test_parquet_written_by_art_model_log_imports_as_imported_rollouts(store, tmp_path):
     model_dir = await art_logged_model(tmp_path)
+    version = parquet_format_version()  # the format this ART's model.log wrote
     summary = await import_path(store, model_dir)
     assert (summary.run, summary.files, summary.groups, summary.sealed_groups) == (
         "p/agent",
@@ -430,7 +473,14 @@ async def test_parquet_written_by_art_model_log_imports_as_imported_rollouts(sto
         4,
         2,
     )
-    assert (summary.rollouts, summary.written_rollouts, summary.trainable_rollouts) == (8, 8, 0)
+    assert summary.formats == [version]
+    # Format 2 keeps the Choice objects with their logprobs: every trajectory is trainable.
+    trainable = 8 if version == 2 else 0
+    assert (summary.rollouts, summary.written_rollouts, summary.trainable_rollouts) == (
+        8,
+        8,
+        trainable,
+    )
 
     found = await rows(
         store,
@@ -441,7 +491,8 @@ async def test_parquet_written_by_art_model_log_imports_as_imported_rollouts(sto
     assert len(found) == 8 and all(imported for _, _, imported in found)
     assert [role for _, role, _ in found].count("validation") == 4  # the val split
 
-    # Each trajectory as ART's reader returns it, plus the tools ART's reader drops.
+    # Each trajectory as ART's reader returns it (plus, for format 1, the tools its reader
+    # drops; format 2 keeps them).
     train = model_dir / "trajectories" / "train" / "0001.parquet"
     read = read_trajectory_groups_parquet(train)
     sealed = await rows(
@@ -458,7 +509,11 @@ async def test_parquet_written_by_art_model_log_imports_as_imported_rollouts(sto
         ids = events[group_id].rollout_ids
         stored = await store.trajectories(ids, scorer="imported")
         for rid, expected in zip(ids, art_group.trajectories, strict=True):
-            assert_same_trajectory(stored[rid], expected.model_copy(update={"tools": SEARCH}))
+            if version == 1:
+                assert expected.tools is None
+                expected = expected.model_copy(update={"tools": SEARCH})
+            assert_same_trajectory(stored[rid], expected)
+            assert isinstance(stored[rid].messages_and_choices[2], Choice if version == 2 else dict)
     assert await rows(
         store,
         select(t.rewards.c.scorer, func.count()).group_by(t.rewards.c.scorer),
@@ -471,7 +526,7 @@ async def test_parquet_written_by_art_model_log_imports_as_imported_rollouts(sto
         .where(t.trajectory_messages.c.rollout_id == ids[0])
         .order_by(t.trajectory_messages.c.message_index),
     )
-    assert messages == [("system", False), ("user", False), ("assistant", False)]
+    assert messages == [("system", False), ("user", False), ("assistant", version == 2)]
     async with store.database.read() as connection:
         view = await connection.execute(
             text("SELECT count(*), sum(imported) FROM v_rollouts WHERE run = 'p/agent'")
@@ -480,7 +535,8 @@ async def test_parquet_written_by_art_model_log_imports_as_imported_rollouts(sto
         status = await connection.execute(text("SELECT status FROM v_runs WHERE run = 'p/agent'"))
         assert status.scalar() == "imported"
 
-    # The event keeps what ART's parquet marked trainable; no item is a Choice (no logprobs).
+    # The event keeps what ART's parquet marked trainable; in format 1 no item is a Choice
+    # (no logprobs), in format 2 the Choice is one.
     (imported,) = [
         e for e in await store.read_stream(f"rollout-{ids[0]}") if e.data.get("histories")
     ]
@@ -488,10 +544,7 @@ async def test_parquet_written_by_art_model_log_imports_as_imported_rollouts(sto
     assert (
         imported.data["histories"][0]["trainable"],
         imported.data["histories"][0]["choices"],
-    ) == (
-        [2],
-        [],
-    )
+    ) == ([2], [2] if version == 2 else [])
     # The projections rebuild from the events alone.
     projected = select(t.rollouts.c.rollout_id, t.rollouts.c.imported).order_by(
         t.rollouts.c.rollout_id
@@ -508,20 +561,338 @@ async def test_parquet_written_by_art_model_log_imports_as_imported_rollouts(sto
     assert await count_events(store) == before
 
 
-def test_import_command_says_parquet_is_not_trainable(database_url: str, tmp_path: Path):
+def test_import_command_says_which_imports_are_trainable(database_url: str, tmp_path: Path):
     train = asyncio.run(art_logged_model(tmp_path)) / "trajectories" / "train" / "0001.parquet"
     result = cli("import", str(train), "--run", "one-step", "--url", database_url)
     assert result.exit_code == 0, result.output
     assert "imported 4 rollouts in 2 groups (2 sealed) into run 'one-step'" in one_line(
         result.stdout
     )
-    assert "keeps no logprobs" in one_line(result.stderr)
+    if parquet_format_version() == 1:
+        assert "format 1 (written by ART 0.5.18) keeps no logprobs" in one_line(result.stderr)
+    else:
+        assert result.stderr == ""  # format 2: every trajectory has its logprobs
     result = cli("import", str(train), "--run", "one-step", "--url", database_url)
     assert result.exit_code == 0, result.output
     assert "nothing new" in one_line(result.stdout)
 
+    # Both formats import on either ART (the other ART wrote the other sample).
+    v1 = cli("import", str(SAMPLES[1]), "--run", "v1", "--url", database_url)
+    assert v1.exit_code == 0, v1.output
+    assert "format 1 (written by ART 0.5.18) keeps no logprobs" in one_line(v1.stderr)
+    v2 = cli("import", str(SAMPLES[2]), "--run", "v2", "--url", database_url)
+    assert v2.exit_code == 0, v2.output
+    assert "imported 5 rollouts in 2 groups (2 sealed) into run 'v2'" in one_line(v2.stdout)
+    assert v2.stderr == ""  # the failed rollout (a group exception) is no untrainable one
+    # ... and exports again in this ART's format; format 2 in, format 2 out, field for field.
+    out = tmp_path / "v2-out"
+    exported = cli("export", "v2", str(out), "--format", "parquet", "--url", database_url)
+    assert exported.exit_code == 0, exported.output
+    assert f"(ART's parquet format {parquet_format_version()})" in one_line(exported.stdout)
+    (written,) = out.rglob("*.parquet")
+    read = [t for group in read_trajectory_groups_parquet(written) for t in group.trajectories]
+    assert len(read) == 4
+    if parquet_format_version() == 2:
+        for got, source in zip(
+            read, [t for group in sample_groups() for t in group.trajectories], strict=True
+        ):
+            assert_same_trajectory(got, source)
+    exchanges = cli("import", str(EXCHANGES_SAMPLE), "--run", "ex", "--url", database_url)
+    assert exchanges.exit_code == 0, exchanges.output
+    if has_exchanges():
+        assert exchanges.stderr == ""
+    else:
+        assert "2 rollouts hold ART's captured exchanges, which this ART cannot represent" in (
+            one_line(exchanges.stderr)
+        )
+
+
+# --- ART's parquet formats 1 and 2, on either ART ---------------------------------------------
+
+
+def test_the_samples_are_what_this_arts_writer_makes_of_the_sample_groups(tmp_path: Path):
+    written = write_samples(tmp_path)
+    committed = [
+        SAMPLES[parquet_format_version()],
+        *([EXCHANGES_SAMPLE] if has_exchanges() else []),
+    ]
+    assert [path.name for path in written] == [path.name for path in committed]
+    for new, old in zip(written, committed, strict=True):
+        assert pq.read_table(new).equals(pq.read_table(old), check_metadata=True), old.name
+    if has_exchanges():
+        # What the format 2 tests expect on ART 0.5.18, which cannot read the sample itself:
+        # ART 0.5.23's reader gives back the groups its writer was given, field for field.
+        for name, groups in ((SAMPLES[2], sample_groups()), (EXCHANGES_SAMPLE, exchanges_groups())):
+            assert_same_groups(read_trajectory_groups_parquet(name), groups)
+
+
+def assert_same_groups(a: list[art.TrajectoryGroup], b: list[art.TrajectoryGroup]) -> None:
+    assert len(a) == len(b)
+    for group_a, group_b in zip(a, b, strict=True):
+        for name in ("metadata", "metrics", "logs", "exceptions"):
+            assert getattr(group_a, name) == getattr(group_b, name), name
+        for trajectory_a, trajectory_b in zip(
+            group_a.trajectories, group_b.trajectories, strict=True
+        ):
+            assert_same_trajectory(trajectory_a, trajectory_b)
+
+
+def expected_groups(version: int) -> list[art.TrajectoryGroup]:
+    """What ART's reader returns for the sample of `version` (tools included, see below)."""
+    if version == 1:
+        # Format 1's reader drops the tools that the file holds (artstore keeps them).
+        read = read_trajectory_groups_parquet(SAMPLES[1])
+        for group, source in zip(read, sample_groups(), strict=True):
+            for trajectory, written in zip(group.trajectories, source.trajectories, strict=True):
+                assert trajectory.tools is None
+                trajectory.tools = written.tools
+        return read
+    if has_exchanges():
+        return read_trajectory_groups_parquet(SAMPLES[2])
+    # ART 0.5.18 has no format 2 reader: what ART 0.5.23's reader returns, the groups its
+    # writer was given (checked on ART 0.5.23 by the test above).
+    return sample_groups()
+
+
+async def imported_groups(store, run: str) -> list[tuple[GroupSealed, dict[str, art.Trajectory]]]:
+    """The run's sealed groups in file order, each with its trajectories."""
+    from artstore.training.groups import sealed_groups
+
+    found = await rows(
+        store,
+        select(t.groups.c.group_id).where(t.groups.c.run == run).order_by(t.groups.c.position),
+    )
+    sealed = await sealed_groups(store, [group_id for (group_id,) in found])
+    return [
+        (event, await store.trajectories(event.rollout_ids, scorer="imported"))
+        for event in sealed.values()
+    ]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+async def test_both_parquet_formats_import_as_arts_reader_returns_them(store, version: int):
+    summary = await import_path(store, SAMPLES[version], run=f"v{version}")
+    expected = expected_groups(version)
+    assert summary.formats == [version]
+    assert (summary.groups, summary.sealed_groups, summary.rollouts) == (2, 2, 4 + (version == 2))
+    assert summary.trainable_rollouts == (4 if version == 2 else 0)
+
+    imported = await imported_groups(store, f"v{version}")
+    assert len(imported) == len(expected)
+    for (sealed, trajectories), group in zip(imported, expected, strict=True):
+        assert sealed.metadata == group.metadata
+        assert sealed.batch is None  # a file outside ART's layout has no step
+        for rid, trajectory in zip(sealed.rollout_ids, group.trajectories, strict=True):
+            assert_same_trajectory(trajectories[rid], trajectory)
+        # Format 2 keeps a group's exceptions: they are its failed rollouts.
+        failed = [
+            next(e for e in await store.read_stream(f"rollout-{rid}") if e.type == "rollout.failed")
+            for rid in sealed.failed_rollout_ids
+        ]
+        assert [
+            (e.data["error_type"], e.data["error_message"], e.data["traceback"]) for e in failed
+        ] == [(e.type, e.message, e.traceback) for e in group.exceptions]
+    assert [len(g.exceptions) for g in expected] == ([0, 1] if version == 2 else [0, 0])
+
+    (first_group, first_trajectories), *_ = imported
+    first = first_trajectories[first_group.rollout_ids[0]]
+    answer = first.messages_and_choices[4]
+    messages = await rows(
+        store,
+        select(t.trajectory_messages.c["history_index", "message_index", "role"])
+        .add_columns(t.trajectory_messages.c["trainable", "num_logprobs"])
+        .where(t.trajectory_messages.c.rollout_id == first_group.rollout_ids[0])
+        .order_by(t.trajectory_messages.c.history_index, t.trajectory_messages.c.message_index),
+    )
+    if version == 2:
+        assert isinstance(answer, Choice)
+        assert [token.logprob for token in answer.logprobs.content] == [-0.25, -0.125, -1.5]
+        assert first.additional_histories[0].tools == SUMMARIZE
+        assert (first.initial_policy_version, first.final_policy_version) == (3, 4)
+        assert messages == [
+            (0, 0, "system", False, 0),
+            (0, 1, "user", False, 0),
+            (0, 2, "assistant", True, 1),
+            (0, 3, "tool", False, 0),
+            (0, 4, "assistant", True, 3),
+            (1, 0, "user", False, 0),
+            (1, 1, "assistant", True, 1),
+        ]
+    else:
+        assert answer == {"role": "assistant", "content": "The answer is 4."}
+        assert first.additional_histories == [] and first.initial_policy_version is None
+        assert [row[3] for row in messages] == [False] * 5
+
+    # Importing again writes nothing; the projections rebuild from the events alone.
+    before = await count_events(store)
+    again = await import_path(store, SAMPLES[version], run=f"v{version}")
+    assert again.written_rollouts == 0 and await count_events(store) == before
+    everything = select(t.trajectory_messages).order_by(*t.trajectory_messages.primary_key)
+    projected = await rows(store, everything)
+    await store.rebuild_projections()
+    assert await rows(store, everything) == projected
+
+
+def test_a_format_2_import_is_trainable_by_replay(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)  # the CPU backend keeps its checkpoints in ./.art
+    backend = "artstore.backends:check_only_backend"
+    for version in (1, 2):
+        result = cli("import", str(SAMPLES[version]), "--run", f"v{version}", "--url", database_url)
+        assert result.exit_code == 0, result.output
+
+    def replay(run: str):
+        options = ["--base-model", "base", "--model", f"on-{run}", "--format", "json"]
+        return cli("replay", run, "--backend", backend, *options, "--url", database_url)
+
+    trained = replay("v2")
+    assert trained.exit_code == 0, trained.output
+    steps = json.loads(trained.stdout)
+    assert [(row["status"], row["rewards"]) for row in steps] == [
+        ("trained", [1.0, 0.0]),
+        ("trained", [0.1, 0.7000000000000001]),
+    ]
+    # The CPU backend trained on the Choices' logprob tokens (it refuses a trajectory without).
+    checkpoints = tmp_path / ".art" / "v2" / "models" / "on-v2" / "checkpoints"
+    records = [
+        json.loads((checkpoints / f"{step:04d}" / CHECKPOINT_FILE).read_text()) for step in (1, 2)
+    ]
+    assert [record["metrics"]["num_trainable_tokens"] for record in records] == [6.0, 4.0]
+
+    # Format 1 has no logprobs: the trainer refuses it, and nothing is consumed.
+    refused = replay("v1")
+    assert refused.exit_code == 1
+    assert "no trainable Choice with logprobs" in one_line(refused.stderr)
+    consumed = select(t.group_consumptions.c.model, func.count()).group_by(
+        t.group_consumptions.c.model
+    )
+
+    async def consumption() -> list[tuple]:
+        async with await artstore.open_store(database_url) as store:
+            return await rows(store, consumed)
+
+    assert asyncio.run(consumption()) == [("v2/on-v2", 2)]
+
+
+async def test_exchanges_are_kept_whole_and_refused_only_where_art_cannot_hold_them(
+    store, tmp_path: Path
+):
+    summary = await import_path(store, EXCHANGES_SAMPLE, run="ex")
+    assert (summary.rollouts, summary.exchange_rollouts, summary.sealed_groups) == (2, 2, 1)
+    from artstore.training.groups import sealed_groups
+
+    ((group_id,),) = await rows(store, select(t.groups.c.group_id).where(t.groups.c.run == "ex"))
+    ids = (await sealed_groups(store, [group_id]))[group_id].rollout_ids
+
+    # Stored as the file holds them, on either ART.
+    in_file = [
+        json.loads(row["trajectory_json"])["exchanges"]
+        for row in pq.read_table(EXCHANGES_SAMPLE).to_pylist()
+    ]
+    events = [
+        TrajectoryImported.model_validate(e.data)
+        for rid in ids
+        for e in await store.read_stream(f"rollout-{rid}")
+        if e.type == "trajectory.imported"
+    ]
+    bodies = await rows(
+        store,
+        select(t.blobs.c.hash, t.blobs.c.body).where(
+            t.blobs.c.hash.in_([e.exchanges for e in events])
+        ),
+    )
+    by_hash = {digest: json.loads(body) for digest, body in bodies}
+    assert [by_hash[e.exchanges] for e in events] == in_file
+    assert await rows(
+        store, select(t.rewards.c.scorer, t.rewards.c.reward).order_by(t.rewards.c.id)
+    ) == [
+        ("imported", 1.0),
+        ("imported", 0.0),
+    ]
+
+    if has_exchanges():
+        stored = await store.trajectories(ids, scorer="imported")
+        (group,) = read_trajectory_groups_parquet(EXCHANGES_SAMPLE)
+        for rid, trajectory in zip(ids, group.trajectories, strict=True):
+            assert_same_trajectory(stored[rid], trajectory)
+        assert stored[ids[0]].exchanges.chat_completions[0].response.choices[0].logprobs
+        # A JSONL export keeps them too.
+        await export_jsonl(store, "ex", tmp_path / "ex.jsonl")
+        await import_path(store, tmp_path / "ex.jsonl", run="ex-copy")
+        copies = await store.trajectories([derived_id("jsonl", "ex-copy", rid) for rid in ids])
+        for rid in ids:
+            assert_same_trajectory(copies[derived_id("jsonl", "ex-copy", rid)], stored[rid])
+    else:
+        # ART 0.5.18 has no Trajectory.exchanges: only building these trajectories is refused.
+        with pytest.raises(ArtVersionError, match=r"openpipe-art >= 0\.5\.20") as refused:
+            await store.trajectory(ids[0])
+        assert f"rollout {ids[0]} holds ART's captured exchanges" in str(refused.value)
+        assert "\n" not in str(refused.value)
+        with pytest.raises(ArtVersionError):
+            await export_jsonl(store, "ex", tmp_path / "ex.jsonl")
+        assert not (tmp_path / "ex.jsonl").exists()
+    # The projections (tables, views) need no ART: they rebuild on either.
+    projected = (
+        select(t.rollouts.c["rollout_id", "status", "imported"])
+        .where(t.rollouts.c.run == "ex")
+        .order_by(t.rollouts.c.rollout_id)
+    )
+    before = await rows(store, projected)
+    await store.rebuild_projections()
+    assert await rows(store, projected) == before == sorted((rid, "finished", True) for rid in ids)
+
+
+def test_trajectory_imported_events_written_before_exchanges_still_decode():
+    stored = {
+        "rollout_id": "r",
+        "source": "parquet",
+        "path": "0001.parquet",
+        "histories": [{"items": ["h"], "choices": [], "trainable": [0], "tools": None}],
+        "initial_policy_version": None,
+        "final_policy_version": None,
+        "split": "train",
+        "step": 1,
+        "group_index": 0,
+    }
+    event = decode_event("trajectory.imported", stored)
+    assert isinstance(event, TrajectoryImported) and event.exchanges is None
+    from artstore.projections.imported import imported_trajectory
+
+    trajectory = imported_trajectory(event, {"h": {"role": "user", "content": "hi"}})
+    assert trajectory.messages_and_choices == [{"role": "user", "content": "hi"}]
+
 
 # --- bad inputs: one line, exit code 1, nothing imported ------------------------------------
+
+
+def broken(
+    tmp_path: Path,
+    version: int,
+    *,
+    row: int | None = None,
+    declared: bytes | None = None,
+    drop: str | None = None,
+    **cells: Any,
+) -> Path:
+    """A copy of the sample of format `version` with some cells of `row`, the format the
+    schema metadata declares, or a column (`drop`) changed; JSON cells may be objects."""
+    table = pq.read_table(SAMPLES[version])
+    if row is not None:
+        rows_ = table.to_pylist()
+        rows_[row].update(
+            {k: json.dumps(v) if isinstance(v, dict) else v for k, v in cells.items()}
+        )
+        table = pa.Table.from_pylist(rows_, schema=table.schema)
+    if declared is not None:
+        table = table.replace_schema_metadata(
+            {**table.schema.metadata, b"art.trajectory_parquet.version": declared}
+        )
+    if drop is not None:
+        table = table.drop_columns([drop])
+    path = tmp_path / f"broken-{len(list(tmp_path.glob('broken-*')))}.parquet"
+    pq.write_table(table, path)
+    return path
 
 
 def test_bad_inputs_fail_with_one_line_and_import_nothing(database_url: str, tmp_path: Path):
@@ -531,7 +902,63 @@ def test_bad_inputs_fail_with_one_line_and_import_nothing(database_url: str, tmp
     stray.mkdir(parents=True)
     pq.write_table(pa.table({"a": [1]}), stray / "notes.parquet")
     (tmp_path / "notes.txt").write_text("hello")
+    v2 = [json.loads(row["trajectory_json"]) for row in pq.read_table(SAMPLES[2]).to_pylist()]
+    nested = {**v2[0], "metadata": {"tags": ["a", "b"]}}
+    # (file, what its one-line error says after the file's name)
+    malformed = [
+        (
+            broken(tmp_path, 2, row=1, trajectory_json='{"reward": 1.0,'),
+            ", row 1: trajectory_json is not JSON",
+        ),
+        (
+            broken(tmp_path, 2, row=2, trajectory_json="[1, 2]"),
+            ", row 2: trajectory_json is a JSON list, not an object",
+        ),
+        (
+            broken(tmp_path, 2, row=3, format_version=3),
+            ": ART trajectory parquet format 3 (row 3, column format_version), which this "
+            "artstore does not read (it reads formats 1 and 2)",
+        ),
+        (
+            broken(tmp_path, 2, declared=b"3"),
+            ": ART trajectory parquet format 3 (schema metadata art.trajectory_parquet.version)",
+        ),
+        (
+            broken(tmp_path, 2, row=0, trajectory_json={**v2[0], "surprise": 1}),
+            ", row 0: trajectory_json surprise: a field this artstore does not know",
+        ),
+        (
+            broken(tmp_path, 2, row=0, trajectory_json=nested),
+            ", row 0: trajectory_json metadata: value of 'tags' is a list",
+        ),
+        (
+            broken(tmp_path, 2, row=1, trajectory_json='{"reward": NaN}'),
+            ", row 1: trajectory_json reward: Input should be a finite number",
+        ),
+        (
+            broken(tmp_path, 2, row=0, trajectory_json={"exchanges": {"chat_completions": "x"}}),
+            ", row 0: trajectory_json exchanges: ",
+        ),
+        (
+            broken(tmp_path, 2, row=1, trajectory_index=0),
+            ", row 1: trajectory_index 0 of group 0 is given twice",
+        ),
+        (broken(tmp_path, 2, row=0, group_json="{"), ", row 0: group_json is not JSON"),
+        (
+            broken(tmp_path, 2, row=1, group_json="{}"),
+            ", row 1: group_json differs from row 0's, of the same group 0",
+        ),
+        (
+            broken(tmp_path, 2, drop="trajectory_json"),
+            ": not an ART trajectory parquet file of format 2 (no column trajectory_json",
+        ),
+        (
+            broken(tmp_path, 1, row=2, reward=float("nan")),
+            ", row 2: reward is nan, not a finite number",
+        ),
+    ]
     cases = [
+        *((["import", str(path)], f"{path}{message}") for path, message in malformed),
         (["import", str(tmp_path / "missing.parquet")], "no such file or directory"),
         (["import", str(tmp_path / "other.parquet")], "not an ART trajectory parquet file"),
         (["import", str(tmp_path / "fake.parquet")], "not a parquet file"),

@@ -16,6 +16,7 @@ from trained_run import (
     train_run,
 )
 
+import artstore
 from artstore.backends import group_advantages
 from artstore.demo.task import strict_reward
 from artstore.errors import NotFoundError
@@ -43,9 +44,9 @@ async def test_rescored_run_replays_into_a_second_model_on_the_new_scores(store,
     trained = await train_run(store, tmp_path / ".art")
     old = {g: await latest_rewards(store, g, "reward") for g in trained.group_ids}
 
-    scored = await store.rescore(trained.run, strict_reward, "strict")
+    scored = await artstore.rescore(store, trained.run, strict_reward, "strict")
     second = await new_model(tmp_path / ".art", "second")
-    plan = await store.replay(trained.run, second, scorer="strict")
+    plan = await artstore.replay(store, trained.run, second, scorer="strict")
 
     assert scored == trained.group_ids
     # Earlier scores stay: the run's own scorer still gives the rewards it trained on.
@@ -83,7 +84,7 @@ async def test_rescored_run_replays_into_a_second_model_on_the_new_scores(store,
     assert scorers == ["strict"] * 4
 
     # Replaying again trains nothing: every group is consumed by the second model.
-    again = await store.replay(trained.run, second, scorer="strict")
+    again = await artstore.replay(store, trained.run, second, scorer="strict")
     assert again.steps == [] and again.consumed == 4 and await second.get_step() == 4
 
 
@@ -92,7 +93,7 @@ async def test_dry_run_plans_rewards_advantages_and_staleness_and_writes_nothing
     second = await new_model(tmp_path / ".art", "second")
     before = await event_count(store)
 
-    plan = await store.replay(trained.run, second, dry_run=True)
+    plan = await artstore.replay(store, trained.run, second, dry_run=True)
 
     assert await event_count(store) == before
     assert await second.get_step() == 0
@@ -114,11 +115,13 @@ async def test_max_staleness_skips_groups_generated_too_long_ago(store, tmp_path
         await second.backend().train(second, [])
 
     # One step with every group, at step 4: staleness 4 - policy step = 4, 3, 2, 1.
-    plan = await store.replay(trained.run, second, groups_per_step=4, max_staleness=2, dry_run=True)
+    plan = await artstore.replay(
+        store, trained.run, second, groups_per_step=4, max_staleness=2, dry_run=True
+    )
     assert [g.staleness for g in plan.groups] == [2, 1]
     assert [g.staleness for g in plan.skipped_stale] == [4, 3]
 
-    plan = await store.replay(trained.run, second, groups_per_step=4, max_staleness=2)
+    plan = await artstore.replay(store, trained.run, second, groups_per_step=4, max_staleness=2)
     assert plan.trained_steps == [5]
     consumed = (await consumption(store, trained.run))["tests/second"]
     assert consumed == set(trained.group_ids[2:])  # the stale ones stay unconsumed
@@ -131,10 +134,10 @@ async def test_staleness_counts_the_steps_trained_before_the_group(store, tmp_pa
         await second.backend().train(second, [])
 
     # Steps 3, 4, 5, 6 train groups of policy steps 0, 1, 2, 3: each 3 steps old.
-    plan = await store.replay(trained.run, second, dry_run=True)
+    plan = await artstore.replay(store, trained.run, second, dry_run=True)
     assert [g.staleness for g in plan.groups] == [3, 3, 3, 3]
     # Skipping the first group makes the others train one step earlier: 2 steps old.
-    plan = await store.replay(trained.run, second, max_staleness=2, dry_run=True)
+    plan = await artstore.replay(store, trained.run, second, max_staleness=2, dry_run=True)
     assert [g.staleness for g in plan.skipped_stale] == [3]
     assert [(g.step, g.policy_step, g.staleness) for g in plan.groups] == [
         (0, 1, 2),
@@ -146,6 +149,6 @@ async def test_staleness_counts_the_steps_trained_before_the_group(store, tmp_pa
 async def test_unknown_run_is_a_clear_error(store, tmp_path):
     second = await new_model(tmp_path / ".art", "second")
     with pytest.raises(NotFoundError, match="no run 'nope'"):
-        await store.replay("nope", second)
+        await artstore.replay(store, "nope", second)
     with pytest.raises(NotFoundError, match="no run 'nope'"):
-        await store.replay("nope", second, dry_run=True)
+        await artstore.replay(store, "nope", second, dry_run=True)

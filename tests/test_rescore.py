@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import func, select
 from trained_run import latest_rewards, train_run
 
+import artstore
 from artstore.demo.task import make_scenarios, strict_reward
 from artstore.errors import NotFoundError, RewardFunctionError
 from artstore.schema import tables as t
@@ -41,7 +42,7 @@ async def test_rescoring_gets_the_stored_scenario_results_and_trajectories(store
         seen.append((scenario, results, trajectories))
         return [float(len(r["tools_used"])) for r in results]
 
-    await store.rescore(trained.run, spy, "tools", concurrency=1)
+    await artstore.rescore(store, trained.run, spy, "tools", concurrency=1)
 
     scenarios = make_scenarios(2)
     assert [s for s, _, _ in seen] == [scenarios[0], scenarios[1]] * 2
@@ -59,8 +60,8 @@ async def test_rescoring_appends_and_keeps_every_earlier_score(store, tmp_path):
     trained = await train_run(store, tmp_path / ".art")
     first = await reward_rows(store, "reward")
 
-    await store.rescore(trained.run, strict_reward, "strict")
-    await store.rescore(trained.run, lambda s, r, tr: [0.5] * len(tr), "strict")
+    await artstore.rescore(store, trained.run, strict_reward, "strict")
+    await artstore.rescore(store, trained.run, lambda s, r, tr: [0.5] * len(tr), "strict")
 
     assert await reward_rows(store, "reward") == first  # untouched
     strict = await reward_rows(store, "strict")
@@ -80,7 +81,7 @@ async def test_reward_metrics_are_recorded_and_reach_the_trajectories(store, tmp
             [1.0, 0.0, 0.5], metrics=[{"confidence": 0.9, "judged": True}] * len(trajectories)
         )
 
-    await store.rescore(trained.run, judged, "judge")
+    await artstore.rescore(store, trained.run, judged, "judge")
 
     (group,) = await load_groups(store, [trained.group_ids[0]], "judge")
     assert [tr.reward for tr in group.trajectories] == [1.0, 0.0, 0.5]
@@ -106,7 +107,7 @@ async def test_a_failing_reward_function_names_the_group_and_keeps_the_groups_be
         return [1.0] * len(trajectories)
 
     with pytest.raises(RewardFunctionError) as raised:
-        await store.rescore(trained.run, flaky, "flaky", concurrency=1)
+        await artstore.rescore(store, trained.run, flaky, "flaky", concurrency=1)
 
     message = str(raised.value)
     failed = trained.group_ids[2]
@@ -130,8 +131,8 @@ async def test_a_failing_reward_function_names_the_group_and_keeps_the_groups_be
     assert len(calls) == 3  # no group was started after the failure
 
     # Finishing the job scores only what is missing.
-    done = await store.rescore(
-        trained.run, lambda s, r, tr: [0.0] * len(tr), "flaky", only_missing=True
+    done = await artstore.rescore(
+        store, trained.run, lambda s, r, tr: [0.0] * len(tr), "flaky", only_missing=True
     )
     assert done == trained.group_ids[2:]
     assert await latest_rewards(store, trained.group_ids[0], "flaky") == [1.0, 1.0, 1.0]
@@ -142,12 +143,12 @@ async def test_unusable_rewards_are_refused_with_the_group_named(store, tmp_path
     (group_id,) = trained.group_ids
 
     with pytest.raises(RewardFunctionError, match=f"group {group_id}.*2 rewards for 3"):
-        await store.rescore(trained.run, lambda s, r, tr: [1.0, 2.0], "short")
+        await artstore.rescore(store, trained.run, lambda s, r, tr: [1.0, 2.0], "short")
     with pytest.raises(RewardFunctionError, match="not a finite number"):
-        await store.rescore(trained.run, lambda s, r, tr: [float("nan")] * 3, "nan")
+        await artstore.rescore(store, trained.run, lambda s, r, tr: [float("nan")] * 3, "nan")
     with pytest.raises(RewardFunctionError, match="metric 'why'"):
-        await store.rescore(
-            trained.run, lambda s, r, tr: Rewards([1.0] * 3, [{"why": "text"}] * 3), "why"
+        await artstore.rescore(
+            store, trained.run, lambda s, r, tr: Rewards([1.0] * 3, [{"why": "text"}] * 3), "why"
         )
     assert await reward_rows(store, "short") == []
     assert await reward_rows(store, "why") == []
@@ -156,8 +157,8 @@ async def test_unusable_rewards_are_refused_with_the_group_named(store, tmp_path
 async def test_unknown_run_group_or_scorer_is_a_clear_error(store, tmp_path):
     trained = await train_run(store, tmp_path / ".art", epochs=1, scenarios=1)
     with pytest.raises(NotFoundError, match="no run 'nope'"):
-        await store.rescore("nope", strict_reward, "strict")
+        await artstore.rescore(store, "nope", strict_reward, "strict")
     with pytest.raises(NotFoundError, match="not a sealed group"):
-        await store.rescore(trained.run, strict_reward, "strict", group_ids=["g-unknown"])
+        await artstore.rescore(store, trained.run, strict_reward, "strict", group_ids=["g-unknown"])
     with pytest.raises(ValueError, match="scorer name"):
-        await store.rescore(trained.run, strict_reward, " ")
+        await artstore.rescore(store, trained.run, strict_reward, " ")

@@ -22,6 +22,7 @@ from trained_run import (
     train_run,
 )
 
+import artstore
 from artstore.backends import group_advantages
 from artstore.capture.rollout import current_rollout
 from artstore.demo.task import agent as demo_agent
@@ -67,7 +68,7 @@ def ruler_for(server, **litellm: object) -> object:
 async def test_ruler_scores_are_recorded_and_nothing_ruler_drops_is_lost(store, tmp_path, judge):
     trained = await train_run(store, tmp_path / ".art", agent=annotated_agent)
 
-    scored = await store.rescore(trained.run, ruler_for(judge), "ruler", concurrency=2)
+    scored = await artstore.rescore(store, trained.run, ruler_for(judge), "ruler", concurrency=2)
 
     assert scored == trained.group_ids
     assert len(judge.requests) == len(trained.group_ids)  # one judge call per group
@@ -99,7 +100,7 @@ async def test_ruler_scores_are_recorded_and_nothing_ruler_drops_is_lost(store, 
             assert trajectory.tools and trajectory.messages_and_choices
     # A second model trains on RULER's scores.
     second = await new_model(tmp_path / ".art", "judged")
-    plan = await store.replay(trained.run, second, scorer="ruler")
+    plan = await artstore.replay(store, trained.run, second, scorer="ruler")
     for step, planned in zip(plan.trained_steps, plan.steps, strict=True):
         record = checkpoint_record(tmp_path / ".art", "judged", step)
         for recorded, group in zip(record["advantages"], planned, strict=True):
@@ -111,7 +112,7 @@ async def test_a_failing_judge_names_the_group_and_records_nothing_for_it(store,
     trained = await train_run(store, tmp_path / ".art", epochs=1, scenarios=1)
     with LocalInferenceServer(policy=judge_policy, fail_when=lambda request: True) as server:
         with pytest.raises(RewardFunctionError) as raised:
-            await store.rescore(trained.run, ruler_for(server, max_retries=0), "ruler")
+            await artstore.rescore(store, trained.run, ruler_for(server, max_retries=0), "ruler")
     assert f"group {trained.group_ids[0]}" in str(raised.value)
     with pytest.raises(Exception, match="no reward by scorer 'ruler'"):
         await load_groups(store, trained.group_ids, "ruler")

@@ -17,7 +17,7 @@ from recorded_run import MODEL, RUN, SYSTEM, VALIDATION_MODEL, record_run
 from sqlalchemy import inspect
 
 from artstore.analysis import query
-from artstore.eventstore.database import _ensure_sqrt, _sqrt
+from artstore.eventstore.sqlite import _ensure_sqrt, _sqrt
 from artstore.schema import migrate
 from artstore.schema.views import VIEWS
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import sqlite3
 import uuid
 from decimal import Decimal
 from typing import Any, NamedTuple
@@ -199,15 +198,6 @@ def _block_comment_end(sql: str, i: int, nested: bool) -> int:
 # --- the database -------------------------------------------------------------------------
 
 
-def _sqlite_authorizer(action: int, arg1: str | None, *_: Any) -> int:
-    """Refuse what `PRAGMA query_only` lets through: ATTACH, DETACH, query_only itself."""
-    if action in (sqlite3.SQLITE_ATTACH, sqlite3.SQLITE_DETACH):
-        return sqlite3.SQLITE_DENY
-    if action == sqlite3.SQLITE_PRAGMA and (arg1 or "").lower() == "query_only":
-        return sqlite3.SQLITE_DENY
-    return sqlite3.SQLITE_OK
-
-
 async def run_read_only(database: Database, statement: str) -> QueryResult:
     """Run `statement` in a read-only transaction on a connection used for nothing else.
 
@@ -216,12 +206,7 @@ async def run_read_only(database: Database, statement: str) -> QueryResult:
     """
     async with database.read() as connection:
         try:
-            if database.dialect == "postgresql":
-                await connection.exec_driver_sql("SET TRANSACTION READ ONLY")
-            else:
-                await connection.exec_driver_sql("PRAGMA query_only = ON")
-                raw = await connection.get_raw_connection()
-                await raw.driver_connection.set_authorizer(_sqlite_authorizer)  # type: ignore[union-attr]
+            await database.confine_query(connection)
             result = await connection.exec_driver_sql(statement)
             if not result.returns_rows:
                 return QueryResult([], [])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from artstore.cli.app import UrlOption, console, run
+from artstore.cli.shared import UrlOption, console, run
 
 app = typer.Typer(help="Schema migrations and maintenance.", no_args_is_help=True)
 
@@ -14,13 +14,13 @@ def upgrade(url: UrlOption = None) -> None:
     """Create the database or migrate it to this artstore's schema."""
 
     async def work() -> None:
-        from artstore.eventstore.database import check_reachable, connect
+        from artstore.eventstore.database import connect
         from artstore.store import prepare_schema
         from artstore.urls import resolve_url
 
         database = connect(resolve_url(url))
         try:
-            await check_reachable(database)
+            await database.check_reachable()
             revision = await prepare_schema(database, upgrade=True)
         finally:
             await database.dispose()
@@ -34,13 +34,13 @@ def current(url: UrlOption = None) -> None:
     """Print the database's schema revision (and this artstore's newest)."""
 
     async def work() -> None:
-        from artstore.eventstore.database import check_reachable, connect
+        from artstore.eventstore.database import connect
         from artstore.schema import migrate
         from artstore.urls import resolve_url
 
         database = connect(resolve_url(url))
         try:
-            await check_reachable(database)
+            await database.check_reachable()
             async with database.read() as connection:
                 revision = await connection.run_sync(migrate.current_revision)
         finally:

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.app import UrlOption, console, err_console, run
 from artstore.cli.output import OutputFormat, print_rows
+from artstore.cli.shared import UrlOption, console, err_console, run
 from artstore.urls import redact, resolve_url
 
 
@@ -79,9 +79,7 @@ def demo(
                     on_rollout=lambda: bar.advance(tasks["rollouts"]),
                     on_step=stepped,
                 )
-            database = store.database
-            where = database.url.database if database.dialect == "sqlite" else database.display_url
-            return result, await describe_run(store, result.run), where
+            return result, await describe_run(store, result.run), store.database.location
 
     result, described, where = run(work)
     print_rows(

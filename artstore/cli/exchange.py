@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from artstore.cli.app import UrlOption, console, err_console, fail, run
+from artstore.cli.shared import UrlOption, console, err_console, fail, run
 
 
 class ExportFormat(StrEnum):
@@ -36,7 +36,7 @@ def export(
         ExportFormat | None,
         typer.Option(
             "--format",
-            help="parquet (ART's layout, readable by ART) or jsonl (lossless). "
+            help="parquet (ART's layout and format, readable by ART) or jsonl (lossless). "
             "Default: jsonl when OUT ends with .jsonl or is -, else parquet.",
             show_default=False,
         ),
@@ -61,8 +61,10 @@ def export(
 
     parquet: policy groups under trajectories/train/<step>.parquet, the step after the train
     step that consumed them; validation trajectories under val/; groups never trained under
-    unconsumed/<batch>.parquet (and unconsumed_val/). ART's format keeps no logprobs and no
-    additional histories. jsonl keeps everything and imports back with `artstore import`.
+    unconsumed/<batch>.parquet (and unconsumed_val/), in the format of the installed ART's
+    writer: format 2 on ART >= 0.5.20 (lossless, logprobs included), format 1 on ART 0.5.18
+    (no logprobs, no additional histories). jsonl keeps everything and imports back with
+    `artstore import`.
     """
     chosen = format or (
         ExportFormat.jsonl if out == "-" or out.endswith(".jsonl") else ExportFormat.parquet
@@ -87,9 +89,11 @@ def export(
         if chosen is ExportFormat.jsonl:
             err_console.print(f"wrote {what} of run {run_name!r} to {where}", highlight=False)
         else:
+            from artstore.art_versions import parquet_format_version
+
             console.print(
                 f"wrote {what} of run {run_name!r} to {_count(len(summary.files), 'file')} under "
-                f"{Path(out) / 'trajectories'}",
+                f"{Path(out) / 'trajectories'} (ART's parquet format {parquet_format_version()})",
                 highlight=False,
             )
         by = repr(scorer) if scorer else "the run's scorer"
@@ -140,6 +144,7 @@ def import_(
 
     async def work() -> None:
         import artstore
+        from artstore.art_versions import has_exchanges
         from artstore.exchange import import_path
 
         async with await artstore.open_store(url) as store:
@@ -163,18 +168,26 @@ def import_(
             )
         if not summary.written_rollouts:
             return
-        if summary.source == "parquet":
+        if summary.source == "parquet" and 1 in summary.formats:
             err_console.print(
-                "note: ART's parquet keeps no logprobs, so these trajectories are for analysis "
-                "and re-scoring; ART trains only Choice objects with logprobs (or plain "
-                "assistant messages with allow_training_without_logprobs=True)",
+                "note: ART's parquet format 1 (written by ART 0.5.18) keeps no logprobs, so its "
+                "trajectories are for analysis and re-scoring; ART trains only Choice objects "
+                "with logprobs (or plain assistant messages with "
+                "allow_training_without_logprobs=True)",
                 highlight=False,
             )
-        elif summary.trainable_rollouts < summary.rollouts:
+        elif summary.untrainable_rollouts:
             err_console.print(
-                f"note: {summary.rollouts - summary.trainable_rollouts} of the "
-                f"{summary.rollouts} rollouts carry no logprobs (ART trains them only with "
+                f"note: {summary.untrainable_rollouts} of the {summary.rollouts} rollouts "
+                "carry no logprobs (ART trains them only with "
                 "allow_training_without_logprobs=True)",
+                highlight=False,
+            )
+        if summary.exchange_rollouts and not has_exchanges():
+            err_console.print(
+                f"note: {summary.exchange_rollouts} rollouts hold ART's captured exchanges, "
+                "which this ART cannot represent: they are stored whole, and their trajectories "
+                "are read with openpipe-art >= 0.5.20 (Python >= 3.12)",
                 highlight=False,
             )
 

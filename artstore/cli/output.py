@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from artstore.cli.app import console, err_console
+from artstore.cli.shared import console, err_console
 
 Row = dict[str, Any]
 

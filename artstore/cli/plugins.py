@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, TypeVar
 
-from artstore.cli.app import UsageError
+from artstore.cli.shared import UsageError
 from artstore.errors import ArtstoreError
 
 T = TypeVar("T")

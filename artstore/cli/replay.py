@@ -8,13 +8,13 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.app import UrlOption, UsageError, console, fail, run
 from artstore.cli.output import FormatOption, OutputFormat, print_rows, progress
 from artstore.cli.plugins import (
     PluginError,
     find_backend,
     make_backend,
 )
+from artstore.cli.shared import UrlOption, UsageError, console, fail, run
 
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run (see `artstore runs`).")]
 

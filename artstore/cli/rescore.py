@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.app import UrlOption, console, run
 from artstore.cli.output import FormatOption, OutputFormat, print_rows, progress
 from artstore.cli.plugins import load_reward_function
+from artstore.cli.shared import UrlOption, console, run
 
 
 def rescore(

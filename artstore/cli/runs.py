@@ -7,7 +7,6 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.app import UrlOption, console, run
 from artstore.cli.output import (
     FormatOption,
     OutputFormat,
@@ -16,6 +15,7 @@ from artstore.cli.output import (
     write_csv,
     write_json,
 )
+from artstore.cli.shared import UrlOption, console, run
 
 
 def runs(url: UrlOption = None, output: FormatOption = OutputFormat.table) -> None:

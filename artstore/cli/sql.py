@@ -10,8 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.app import UrlOption, console, fail, run
 from artstore.cli.output import FormatOption, OutputFormat
+from artstore.cli.shared import UrlOption, console, fail, run
 
 QueryArgument = Annotated[
     str | None,

@@ -1,61 +1,100 @@
-"""Engines for one database, with each dialect's settings, and driver errors mapped to ours.
+"""One database under a store: what every database offers, and driver errors mapped to ours.
 
-SQLite: WAL, a busy timeout, `BEGIN IMMEDIATE` for writes and plain `BEGIN` for reads, so
-readers never block the writer and a write never fails half-way for lack of the lock. The
-store's writer has a synchronous pysqlite engine of its own (one connection, used from
-one thread); reads, migrations and maintenance use aiosqlite. PostgreSQL: one asyncpg
-pool for everything.
+`Database` is the small interface the rest of artstore uses; each database implements
+it in a module of its own, so that changing how artstore uses a database touches one
+file:
+
+- `artstore.eventstore.sqlite`: one machine, a file; WAL, `BEGIN IMMEDIATE`, a writer
+  thread with its own connection;
+- `artstore.eventstore.postgres`: many machines; an asyncpg pool, an advisory lock that
+  orders appends, session locks for trainers.
+
+`connect(url)` picks the module from the URL.
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
-import time
+import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import TypeVar
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import event, text
-from sqlalchemy.engine import URL, Connection, Engine, create_engine
+from sqlalchemy import Table, text
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.dml import Insert
 
 from artstore.errors import (
+    ConfigurationError,
     DatabaseUnavailableError,
     GroupAlreadyConsumedError,
     ImmutableEventError,
 )
-from artstore.eventstore.blobs import serialize
 from artstore.urls import redact
 
-SQLITE_BUSY_TIMEOUT_S = 60.0
 T = TypeVar("T")
 
+# The module and class of each database artstore runs on, by SQLAlchemy backend name.
+DATABASES = {
+    "sqlite": "artstore.eventstore.sqlite:SQLiteDatabase",
+    "postgresql": "artstore.eventstore.postgres:PostgresDatabase",
+}
 
-@dataclass
+
+class Writer:
+    """Runs the event store's write transactions: synchronous SQL, one call per transaction.
+
+    The store has one writer; each database runs it its own way (a thread with its own
+    connection, a dedicated pooled connection).
+    """
+
+    async def transaction(self, work: Callable[[Connection], T]) -> T:
+        """Run `work` in one write transaction that holds the append lock, and commit."""
+        raise NotImplementedError
+
+    async def refresh_statistics(self) -> None:
+        """Help the query planner after many appends (where the database needs it)."""
+
+    async def reset(self) -> None:
+        """Forget the connection after an error that may have broken it."""
+
+    async def close(self) -> None:
+        await self.reset()
+
+
 class Database:
-    """The engines of one store. `dialect` is "sqlite" or "postgresql"."""
+    """The engines of one store, and what differs between the databases it runs on."""
 
-    url: URL
-    dialect: str
-    write_engine: AsyncEngine
-    read_engine: AsyncEngine
-    # SQLite only: a synchronous engine for the store's writer thread, which runs each
-    # write transaction in one call instead of a thread hop per statement (aiosqlite).
-    sqlite_writer_engine: Engine | None = None
+    dialect: ClassVar[str]
+
+    def __init__(self, url: URL, write_engine: AsyncEngine, read_engine: AsyncEngine) -> None:
+        self.url = url
+        self.write_engine = write_engine
+        self.read_engine = read_engine
+
+    @classmethod
+    def connect(cls, url: URL) -> Database:
+        """Engines for `url` (an async URL from `artstore.urls.resolve_url`)."""
+        raise NotImplementedError
 
     @property
     def display_url(self) -> str:
+        """The URL with its password hidden, for messages."""
         return redact(self.url)
+
+    @property
+    def location(self) -> str:
+        """Where the data lives, for people: a file path, or the URL."""
+        return self.display_url
+
+    # --- transactions -------------------------------------------------------------------
 
     @asynccontextmanager
     async def write(
         self, connection: AsyncConnection | None = None
     ) -> AsyncIterator[AsyncConnection]:
-        """A write transaction (BEGIN IMMEDIATE on SQLite), on `connection` or a pooled one."""
+        """A write transaction, on `connection` or a pooled one."""
         if connection is not None:
             async with connection.begin():
                 yield connection
@@ -73,44 +112,69 @@ class Database:
         work: Callable[[AsyncConnection], Awaitable[T]],
         connection: AsyncConnection | None = None,
     ) -> T:
-        """Run `work` in one write transaction, retrying when another process holds SQLite."""
-        deadline = asyncio.get_running_loop().time() + SQLITE_BUSY_TIMEOUT_S
-        delay = 0.005
-        while True:
-            try:
-                async with self.write(connection) as active:
-                    return await work(active)
-            except OperationalError as exc:
-                if not is_busy(exc) or asyncio.get_running_loop().time() > deadline:
-                    raise translate_error(exc, self) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.25)
+        """Run `work` in one write transaction; driver errors come out as artstore's."""
+        try:
+            async with self.write(connection) as active:
+                return await work(active)
+        except OperationalError as exc:
+            raise translate_error(exc, self) from exc
 
-    def run_write_sync(self, connection: Connection, work: Callable[[Connection], T]) -> T:
-        """`run_write` for the SQLite writer thread: one transaction, retried while busy."""
-        deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
-        delay = 0.005
-        while True:
-            try:
-                with connection.begin():
-                    return work(connection)
-            except OperationalError as exc:
-                if not is_busy(exc) or time.monotonic() > deadline:
-                    raise translate_error(exc, self) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.25)
+    async def check_reachable(self) -> None:
+        try:
+            async with self.read() as connection:
+                await connection.execute(text("SELECT 1"))
+        except Exception as exc:  # any driver or socket error means the same to the user
+            raise DatabaseUnavailableError(
+                f"cannot reach the database at {self.display_url}: "
+                f"{str(getattr(exc, 'orig', None) or exc).strip() or type(exc).__name__}"
+            ) from None
 
     async def dispose(self) -> None:
-        if self.sqlite_writer_engine is not None:
-            self.sqlite_writer_engine.dispose()
         await self.write_engine.dispose()
         if self.read_engine is not self.write_engine:
             await self.read_engine.dispose()
 
+    # --- what each database does its own way --------------------------------------------
 
-def is_busy(exc: BaseException) -> bool:
-    message = str(exc).lower()
-    return "database is locked" in message or "database is busy" in message
+    def writer(self) -> Writer:
+        """The event store's writer (one per store)."""
+        raise NotImplementedError
+
+    def insert_events(self, connection: Connection, rows: list[dict[str, Any]]) -> list[int]:
+        """Insert event rows in the order given; their global positions, in that order."""
+        raise NotImplementedError
+
+    def insert_new(self, table: Table, key: list[str]) -> Insert:
+        """An INSERT that skips rows whose `key` is already stored (content-addressed blobs)."""
+        raise NotImplementedError
+
+    def lock_appends(self, connection: Connection) -> None:
+        """Hold appenders off until this transaction ends (a rebuild of the projections)."""
+        raise NotImplementedError
+
+    async def lock_migrations(self, connection: AsyncConnection) -> None:
+        """One migrator at a time, when several processes open a fresh database together."""
+        raise NotImplementedError
+
+    def try_lock(self, name: str) -> AbstractAsyncContextManager[bool]:
+        """Hold the lock `name` across processes while the block runs; yields False, at
+        once, when another process holds it. Released when the process dies."""
+        raise NotImplementedError
+
+    async def confine_query(self, connection: AsyncConnection) -> None:
+        """Make `connection` refuse anything but reading, for one analysis query."""
+        raise NotImplementedError
+
+
+def connect(url: URL) -> Database:
+    """The `Database` for `url` (an async URL from `artstore.urls.resolve_url`)."""
+    backend = url.get_backend_name()
+    where = DATABASES.get(backend)
+    if where is None:
+        raise ConfigurationError(f"artstore does not run on {backend!r}")
+    module, _, name = where.partition(":")
+    database_class: type[Database] = getattr(importlib.import_module(module), name)
+    return database_class.connect(url)
 
 
 def translate_error(exc: BaseException, database: Database | None = None) -> Exception:
@@ -131,86 +195,3 @@ def translate_error(exc: BaseException, database: Database | None = None) -> Exc
     ):
         return DatabaseUnavailableError(f"cannot use the database{where}: {message}")
     return exc
-
-
-def connect(url: URL) -> Database:
-    """Engines for `url` (an async URL from `artstore.urls.resolve_url`)."""
-    dialect = url.get_backend_name()
-    if dialect == "sqlite":
-        write_engine = create_async_engine(
-            url,
-            pool_size=2,
-            max_overflow=0,
-            json_serializer=serialize,
-            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
-        )
-        _configure_sqlite(write_engine.sync_engine, begin="BEGIN IMMEDIATE")
-        read_engine = create_async_engine(
-            url,
-            pool_size=4,
-            max_overflow=0,
-            json_serializer=serialize,
-            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
-        )
-        _configure_sqlite(read_engine.sync_engine, begin="BEGIN")
-        writer = create_engine(
-            url.set(drivername="sqlite+pysqlite"),
-            poolclass=StaticPool,  # one connection, used by the writer thread alone
-            json_serializer=serialize,
-            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
-        )
-        _configure_sqlite(writer, begin="BEGIN IMMEDIATE")
-        return Database(url, dialect, write_engine, read_engine, writer)
-    engine = create_async_engine(
-        url,
-        pool_size=8,
-        max_overflow=8,
-        json_serializer=serialize,
-        connect_args={"timeout": 10},
-    )
-    return Database(url, dialect, engine, engine)
-
-
-def _configure_sqlite(engine: Engine, *, begin: str) -> None:
-    @event.listens_for(engine, "connect")
-    def configure(dbapi_connection, _record) -> None:
-        # Take transaction control from the sqlite3 module so that our BEGIN is the one used.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode survives a process crash (SIGKILL); only power loss may
-        # lose the last transactions.
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
-        _ensure_sqrt(dbapi_connection, cursor)
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def begin_transaction(connection) -> None:
-        connection.exec_driver_sql(begin)
-
-
-def _ensure_sqrt(dbapi_connection, cursor) -> None:
-    """The SQL views use `sqrt`: SQLite has it only when built with its math functions."""
-    try:
-        cursor.execute("SELECT sqrt(4.0)")
-    except Exception:  # sqlite3.OperationalError: no such function, through the adapter
-        dbapi_connection.create_function("sqrt", 1, _sqrt, deterministic=True)
-
-
-def _sqrt(value: float | None) -> float | None:
-    # As SQLite's own: NULL for NULL, a negative number or something not a number.
-    if not isinstance(value, int | float) or value < 0:
-        return None
-    return math.sqrt(value)
-
-
-async def check_reachable(database: Database) -> None:
-    try:
-        async with database.read() as connection:
-            await connection.execute(text("SELECT 1"))
-    except Exception as exc:  # any driver or socket error means the same to the user
-        raise DatabaseUnavailableError(
-            f"cannot reach the database at {database.display_url}: "
-            f"{str(getattr(exc, 'orig', None) or exc).strip() or type(exc).__name__}"
-        ) from None

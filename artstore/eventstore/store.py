@@ -6,12 +6,13 @@ everything queued while its previous transaction ran and writes it in one transa
 still atomic (a savepoint of its own when the batch has to be taken apart), idempotent by
 its client-made event ids, and checked against its expected stream version. A write
 transaction (events, blobs, and the projections of the events) is synchronous SQL run in
-one call: in the writer thread on SQLite, through `run_sync` on PostgreSQL.
+one call by the database's `Writer` (artstore.eventstore.sqlite / .postgres).
 
 Global positions are commit-ordered on both databases, so a reader catching up with
 `read_all(after=...)` sees every committed event exactly once, in order (invariant 3):
 SQLite has one writer at a time; on PostgreSQL every appending transaction holds one
-advisory lock until it commits (taken here, and by the position trigger of the schema).
+advisory lock until it commits (taken by the writer, and by the position trigger of the
+schema).
 """
 
 from __future__ import annotations
@@ -21,16 +22,13 @@ import contextlib
 import json
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import func, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from artstore.errors import (
     ArtstoreError,
@@ -42,9 +40,9 @@ from artstore.errors import (
 )
 from artstore.events import Event, decode_event, encode_event
 from artstore.eventstore.blobs import EncodedJson
-from artstore.eventstore.database import Database, translate_error
+from artstore.eventstore.database import Database, Writer, translate_error
 from artstore.redaction import Redactor
-from artstore.schema.tables import EVENTS_APPEND_LOCK_KEY, blobs, events
+from artstore.schema.tables import blobs, events
 
 T = TypeVar("T")
 
@@ -53,9 +51,8 @@ NO_STREAM = 0  # expected_version: the stream must not exist yet
 
 MAX_APPENDS_PER_TRANSACTION = 1000
 MAX_EVENTS_PER_TRANSACTION = 5000
-# SQLite's planner needs statistics to plan the analysis views well (without them one
-# view took seconds on a 10,000-rollout run instead of milliseconds): refresh them every
-# so many events, and when a store that wrote closes. PostgreSQL's autovacuum does this.
+# Planner statistics (where the database needs them refreshed by hand: SQLite) every so
+# many events, and when a store that wrote closes. PostgreSQL's autovacuum does this.
 STATISTICS_EVERY_EVENTS = 10_000
 
 
@@ -122,9 +119,7 @@ class EventStore:
         # here (key-like environment variables, and the keys of the models in use) and
         # rewritten before it is queued, whatever layer made the event.
         self.redact = Redactor()
-        self._connection: AsyncConnection | None = None  # the writer's own (PostgreSQL)
-        self._sync_connection: Connection | None = None  # the writer thread's (SQLite)
-        self._thread: ThreadPoolExecutor | None = None
+        self._write: Writer = database.writer()
 
     @property
     def dialect(self) -> str:
@@ -261,56 +256,18 @@ class EventStore:
     async def _transaction(self, work: Callable[[Connection], None]) -> None:
         """Run `work` (synchronous SQL) as one write transaction, in one call.
 
-        SQLite: in the writer thread, on its own pysqlite connection (a thread hop per
-        transaction, not per statement). PostgreSQL: on the writer's own asyncpg
-        connection through `run_sync`, after taking the append lock. The connection is
-        kept for the store's life and replaced after an error that is not about the data.
+        The writer keeps its connection for the store's life and replaces it after an
+        error that is not about the data.
         """
         try:
-            if self.dialect == "sqlite":
-                await self._in_writer_thread(
-                    lambda: self.database.run_write_sync(self._sqlite_connection(), work)
-                )
-                return
-
-            def locked(connection: Connection) -> None:
-                connection.execute(select(func.pg_advisory_xact_lock(EVENTS_APPEND_LOCK_KEY)))
-                work(connection)
-
-            if self._connection is None:
-                self._connection = await self.database.write_engine.connect()
-            await self.database.run_write(
-                lambda connection: connection.run_sync(locked), connection=self._connection
-            )
+            await self._write.transaction(work)
         except BaseException as exc:
             about_the_data = isinstance(exc, (IntegrityError, ArtstoreError)) and not isinstance(
                 exc, DatabaseUnavailableError
             )
             if not about_the_data:
-                await self._drop_connection()
+                await self._write.reset()
             raise
-
-    def _sqlite_connection(self) -> Connection:
-        """The writer thread's connection (opened in that thread, on first use)."""
-        if self._sync_connection is None:
-            assert self.database.sqlite_writer_engine is not None
-            self._sync_connection = self.database.sqlite_writer_engine.connect()
-        return self._sync_connection
-
-    async def _in_writer_thread(self, call: Callable[[], T]) -> T:
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix="artstore-sqlite-writer")
-        return await self.loop.run_in_executor(self._thread, call)
-
-    async def _drop_connection(self) -> None:
-        if self._sync_connection is not None:
-            connection, self._sync_connection = self._sync_connection, None
-            with contextlib.suppress(Exception):
-                await self._in_writer_thread(connection.close)
-        if self._connection is not None:
-            connection_, self._connection = self._connection, None
-            with contextlib.suppress(Exception):
-                await connection_.close()
 
     def _write_fast(self, connection: Connection, batch: list[_Append]) -> None:
         """The whole batch in one INSERT, with versions from the cached stream heads."""
@@ -326,7 +283,7 @@ class EventStore:
             for offset, row in enumerate(item.rows, start=1):
                 rows.append({**row, "version": head + offset})
             heads[item.stream_id] = head + len(item.rows)
-        positions = _insert_events(connection, rows)
+        positions = self.database.insert_events(connection, rows)
         self._insert_blobs(connection, batch)
         start = 0
         for item in batch:
@@ -360,7 +317,7 @@ class EventStore:
         if item.expected_version is not None and item.expected_version != head:
             raise WrongExpectedVersionError(item.stream_id, item.expected_version, head)
         rows = [{**row, "version": head + n} for n, row in enumerate(item.rows, start=1)]
-        positions = _insert_events(connection, rows)
+        positions = self.database.insert_events(connection, rows)
         self._insert_blobs(connection, [item])
         item.recorded = _recorded(rows, positions)
         item.result = AppendResult(item.stream_id, rows[-1]["version"], positions, True)
@@ -376,9 +333,7 @@ class EventStore:
         if not new:
             return
         rows = [{"hash": h, "body": b, "size": len(b)} for h, b in new.items()]
-        dialect = postgresql if self.dialect == "postgresql" else sqlite
-        statement = dialect.insert(blobs).on_conflict_do_nothing(index_elements=["hash"])
-        connection.execute(statement, rows)
+        connection.execute(self.database.insert_new(blobs, ["hash"]), rows)
 
     def _remember_head(self, stream_id: str, version: int) -> None:
         self._heads[stream_id] = version
@@ -466,17 +421,7 @@ class EventStore:
 
     async def _refresh_statistics(self) -> None:
         self._events_since_statistics = 0
-        if self.dialect != "sqlite" or self._sync_connection is None:
-            return
-
-        def analyze(connection: Connection) -> None:
-            connection.exec_driver_sql("PRAGMA analysis_limit=1000")
-            connection.exec_driver_sql("ANALYZE")
-
-        with contextlib.suppress(Exception):  # statistics help; they must never cost a write
-            await self._in_writer_thread(
-                lambda: self.database.run_write_sync(self._sqlite_connection(), analyze)
-            )
+        await self._write.refresh_statistics()
 
     async def close(self) -> None:
         """Write everything queued, then release every connection."""
@@ -492,9 +437,7 @@ class EventStore:
                 self._writer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._writer
-            await self._drop_connection()
-            if self._thread is not None:
-                self._thread.shutdown(wait=True)
+            await self._write.close()
             await self.database.dispose()
 
     async def __aenter__(self):
@@ -531,22 +474,6 @@ def _stream_heads(connection: Connection, stream_ids: set[str]) -> dict[str, int
         .group_by(events.c.stream_id)
     )
     return {stream_id: version for stream_id, version in connection.execute(query)}
-
-
-def _insert_events(connection: Connection, rows: list[dict[str, Any]]) -> list[int]:
-    if connection.dialect.name == "sqlite":
-        # SQLAlchemy cannot batch an ordered RETURNING on SQLite (it sends one INSERT per
-        # row, each a thread hop of aiosqlite): insert in batched statements, unordered, and
-        # match positions by event id (unique in a successful insert). The one writer
-        # numbers rows in the order given; checked, since SQLite does not promise it.
-        statement = events.insert().returning(events.c.event_id, events.c.position)
-        by_id = dict(connection.execute(statement, rows).all())
-        positions = [by_id[row["event_id"]] for row in rows]
-        if positions != sorted(set(positions)):
-            raise ArtstoreError("SQLite numbered a batch of events out of order; nothing written")
-        return positions
-    statement = events.insert().returning(events.c.position, sort_by_parameter_order=True)
-    return [row.position for row in connection.execute(statement, rows)]
 
 
 def _recorded(rows: list[dict[str, Any]], positions: list[int]) -> list[RecordedEvent]:

@@ -1,14 +1,16 @@
 """Export runs out of the store and import trajectories recorded elsewhere.
 
 - `export_parquet`: ART's own trajectory parquet layout (`trajectories/<split>/<step>.parquet`,
-  written by ART's writer); see `artstore.exchange.parquet` for the splits and steps.
+  written by the installed ART's writer: format 2, lossless, on ART >= 0.5.20; format 1, no
+  logprobs, on 0.5.18); see `artstore.exchange.parquet` for the splits, steps and formats.
 - `export_jsonl`: one JSON line per rollout, lossless (Choice objects with their logprobs,
   tools per history, additional histories, every reward); see `artstore.exchange.jsonl`.
-- `import_path`: ART parquet files (a file, or a directory of `model.log` output) or a JSONL
-  export, as imported rollouts: `rollout.started`, `rollout.finished` (or failed), then
-  `trajectory.imported` (the histories as content-addressed blobs); rewards and sealed groups
-  as for a recorded run; the run as `run.imported`. `store.trajectory(id)` returns an
-  imported trajectory item for item, and the projections mark its rollout `imported`.
+- `import_path`: ART parquet files of format 1 or 2 on either ART (a file, or a directory of
+  `model.log` output) or a JSONL export, as imported rollouts: `rollout.started`,
+  `rollout.finished` (or failed), then `trajectory.imported` (the histories as
+  content-addressed blobs); rewards and sealed groups as for a recorded run; the run as
+  `run.imported`. `store.trajectory(id)` returns an imported trajectory item for item, and
+  the projections mark its rollout `imported`.
 
 Importing is idempotent (ids derived from the source) and atomic per group; a file that
 does not validate, or that clashes with what the store holds, imports nothing. See

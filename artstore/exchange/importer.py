@@ -100,6 +100,7 @@ class ImportedRollout:
     metadata: dict[str, Any] = field(default_factory=dict)
     logs: list[str] = field(default_factory=list)
     error: dict[str, str] | None = None  # {"type", "message", "traceback"} of a failed one
+    exchanges: dict[str, Any] | None = None  # ART's `Trajectory.exchanges` as JSON
     split: str | None = None
     step: int | None = None
     group_index: int | None = None
@@ -124,6 +125,7 @@ class ImportPlan:
     groups: list[ImportedGroup]
     key: str  # identifies the source's content (sha256): its run.imported event's id
     files: int = 1
+    formats: list[int] = field(default_factory=list)  # parquet: the format versions read
 
     @property
     def source(self) -> str:
@@ -141,6 +143,9 @@ class ImportSummary:
     written_rollouts: int  # the others were imported before
     sealed_groups: int
     trainable_rollouts: int  # hold a Choice with logprobs
+    untrainable_rollouts: int = 0  # finished, with neither a Choice with logprobs nor exchanges
+    exchange_rollouts: int = 0  # hold ART's captured exchanges (ART >= 0.5.20 reads them)
+    formats: list[int] = field(default_factory=list)  # parquet: the format versions read
 
 
 @dataclass
@@ -206,10 +211,11 @@ def rollout_stream(plan: ImportPlan, group: ImportedGroup, rollout: ImportedRoll
                 items=[blob(item) for item in history.items],
                 choices=history.choices,
                 trainable=history.trainable,
-                tools=blob(history.tools) if history.tools else None,
+                tools=None if history.tools is None else blob(history.tools),
             )
             for history in rollout.histories
         ],
+        exchanges=blob(rollout.exchanges) if rollout.exchanges else None,
         initial_policy_version=rollout.initial_policy_version,
         final_policy_version=rollout.final_policy_version,
         split=rollout.split,
@@ -322,4 +328,9 @@ async def write_plan(store: Store, plan: ImportPlan) -> ImportSummary:
         written_rollouts=written,
         sealed_groups=sum(1 for g in plan.groups if g.sealed),
         trainable_rollouts=sum(1 for r in rollouts if r.trainable),
+        untrainable_rollouts=sum(
+            1 for r in rollouts if r.status == "finished" and not r.trainable and not r.exchanges
+        ),
+        exchange_rollouts=sum(1 for r in rollouts if r.exchanges),
+        formats=plan.formats,
     )

@@ -15,8 +15,9 @@ Each line is a JSON object (`"format": "artstore.rollout/1"`):
   `step`: that step for the run's own model (null: not trained);
 - `trajectory`: the `art.Trajectory` (`model_dump` in JSON mode, rewarded by the run's
   scorer), with its `Choice` objects whole (logprobs included), `tools`, and
-  `additional_histories` each with its own `tools`. An item of `messages_and_choices` is a
-  Choice when it has `finish_reason` and `message` (ART's own rule).
+  `additional_histories` each with its own `tools`, and ART's captured `exchanges` where it
+  has them (ART >= 0.5.20). An item of `messages_and_choices` is a Choice when it has
+  `finish_reason` and `message` (ART's own rule).
 
 Lines come in training order: sealed groups by batch, then unsealed ones; inside a group,
 policy rollouts, validation rollouts, failed rollouts. Rollouts still running are left out.
@@ -38,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from artstore.art_versions import exchanges_problem
 from artstore.errors import ExchangeFormatError, NotFoundError
 from artstore.events import GroupSealed, RewardsRecorded, RunImported
 from artstore.exchange.importer import (
@@ -298,6 +300,10 @@ def _rollout(line: dict[str, Any], new_id: Callable[[str], str], where: str) -> 
             for h in trajectory.get("additional_histories") or []
         ),
     ]
+    exchanges = trajectory.get("exchanges") or None
+    problem = exchanges_problem(exchanges) if exchanges else None
+    if problem:
+        raise ExchangeFormatError(f"{where}: trajectory.exchanges: {problem}")
     started_at = line.get("started_at")
     return ImportedRollout(
         rollout_id=new_id(line["rollout_id"]),
@@ -317,6 +323,7 @@ def _rollout(line: dict[str, Any], new_id: Callable[[str], str], where: str) -> 
         metadata=line["metadata"] if "metadata" in line else trajectory.get("metadata") or {},
         logs=line["logs"] if "logs" in line else trajectory.get("logs") or [],
         error=line.get("error"),
+        exchanges=exchanges,
     )
 
 

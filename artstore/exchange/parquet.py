@@ -1,10 +1,19 @@
 """ART's trajectory parquet files: export a run into them, import them into the store.
 
 The layout is the one `art.Model.log` writes, `trajectories/<split>/<step:04d>.parquet`,
-one row per trajectory (columns of `art.utils.trajectory_logging`), written by ART's own
-`write_trajectory_groups_parquet` and readable by its `read_trajectory_groups_parquet`.
+one row per trajectory, written by ART's own `write_trajectory_groups_parquet` and readable
+by its `read_trajectory_groups_parquet`. ART has two formats (`art.utils.trajectory_logging`):
 
-Export (`export_parquet`), per sealed group of the run:
+- format 1 (ART 0.5.18): the columns of `V1_COLUMNS`; messages flattened to
+  {role, content, tool_calls, tool_call_id, trainable}: no logprobs (Choice objects become
+  plain assistant messages), no additional histories, no policy versions;
+- format 2 (ART >= 0.5.20): `format_version`, `trajectory_index`, and each group and
+  trajectory whole as JSON (`group_json`, `trajectory_json`: Choice objects with their
+  logprobs, tools, additional histories, policy versions, ART's captured `exchanges`, the
+  group's exceptions), plus format 1's columns for queries. Lossless.
+
+Export (`export_parquet`) writes the format of the installed ART's writer
+(`art_versions.parquet_format_version()`), per sealed group of the run:
 
 | split            | file number                            | what                              |
 |------------------|----------------------------------------|-----------------------------------|
@@ -15,30 +24,45 @@ Export (`export_parquet`), per sealed group of the run:
 | `unconsumed_val` | the same batch index                   | their validation trajectories     |
 
 Rewards are the latest of one scorer (the run's by default); groups without a reward by it,
-failed rollouts and unsealed groups are left out. The parquet keeps no logprobs, no
-additional histories and no policy versions (ART's format): use the JSONL export to keep
-everything.
+failed rollouts and unsealed groups are left out.
 
-Import (`read_parquet`): every row becomes an imported rollout; rows of one `group_index`
-one group, rewarded under a scorer (`imported` by default). Groups of the `train` and
-`unconsumed` splits are sealed with policy rollouts; other splits (`val`, ...) become
-validation rollouts in groups that are rewarded but never sealed, so no replay trains them.
-Message dicts come back as ART's reader returns them (trainable turns too, since the parquet
-holds no logprobs; the flag is kept in the event), and each trajectory's `tools` are kept
-(ART's reader drops them). Group metrics and group logs are not kept.
+Import (`read_parquet`) reads both formats on either ART (format 2 is parsed here, not by
+ART's reader, which 0.5.18 lacks): every trajectory becomes an imported rollout; the
+trajectories of one `group_index` one group, rewarded under a scorer (`imported` by
+default). Groups of the `train` and `unconsumed` splits are sealed with policy rollouts;
+other splits (`val`, ...) become validation rollouts in groups that are rewarded but never
+sealed, so no replay trains them.
+
+- Format 1: message dicts come back as ART's reader returns them (the trainable flag is
+  kept in the event), plus each trajectory's `tools` (ART's reader drops them). Not
+  trainable: there are no logprobs.
+- Format 2: the trajectories come back as ART's reader returns them, field for field:
+  Choice objects with their logprobs (trainable by `artstore replay`), tools, additional
+  histories, metrics, metadata, logs, policy versions and `exchanges` (kept whole on ART
+  0.5.18 too, which cannot represent them: see `projections.imported`). A group's
+  exceptions become failed rollouts of the group.
+
+Group metadata is kept on sealed groups (`group.sealed`, values that are not scalars as
+JSON text); group metrics and group logs are not kept (the store has no place for them),
+nor are groups without trajectories. Each file is checked whole before anything is
+written: a malformed one imports nothing, with a one-line error naming file, row and column.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from artstore.art_versions import exchanges_problem
 from artstore.errors import ExchangeFormatError, NotFoundError
 from artstore.events import GroupSealed, RewardsRecorded, RunImported
 from artstore.exchange.importer import (
@@ -56,7 +80,7 @@ if TYPE_CHECKING:
 
     from artstore.store import Store
 
-ART_COLUMNS = (
+V1_COLUMNS = (
     "group_index",
     "group_metadata",
     "group_metrics",
@@ -68,8 +92,21 @@ ART_COLUMNS = (
     "logs",
     "messages",
 )
-REQUIRED_COLUMNS = ("reward", "messages")
+V2_COLUMNS = (
+    "format_version",
+    "group_index",
+    "trajectory_index",
+    "group_json",
+    "trajectory_json",
+    *V1_COLUMNS[1:],
+)
+#: The columns of each format of ART's trajectory parquet, in the order ART writes them.
+COLUMNS = {1: V1_COLUMNS, 2: V2_COLUMNS}
+V1_REQUIRED = ("reward", "messages")
+V2_REQUIRED = V2_COLUMNS[:5]  # the JSON columns are the whole record; the rest are copies
 MESSAGE_FIELDS = ("role", "content")
+#: Where format 2 files say their version besides the `format_version` column.
+VERSION_METADATA = b"art.trajectory_parquet.version"
 POLICY_SPLITS = ("train", "unconsumed")
 
 
@@ -234,8 +271,13 @@ def default_run(path: Path, files: list[ParquetFile]) -> str:
     return path.absolute().stem if path.is_file() else path.absolute().name
 
 
-def read_table(file: Path) -> list[dict[str, Any]]:
-    """The rows of one ART trajectory parquet file, or ExchangeFormatError."""
+def read_table(file: Path) -> tuple[int, list[dict[str, Any]]]:
+    """The format version (1 or 2) and the rows of one ART trajectory parquet file.
+
+    The version is told as ART's reader tells it: format 2 files have a `format_version`
+    column (and the schema metadata `art.trajectory_parquet.version`); files without it
+    are format 1. ExchangeFormatError for anything else.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -243,8 +285,24 @@ def read_table(file: Path) -> list[dict[str, Any]]:
         table = pq.read_table(file)
     except (pa.ArrowException, OSError) as exc:
         raise ExchangeFormatError(f"{file}: not a parquet file ({exc})") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
-    messages = table.schema.field("messages").type if "messages" in table.column_names else None
+    names = table.column_names
+    raw = (table.schema.metadata or {}).get(VERSION_METADATA)
+    if raw is not None:
+        try:
+            declared = int(raw)
+        except ValueError:
+            raise ExchangeFormatError(
+                f"{file}: its schema metadata {VERSION_METADATA.decode()} is {raw!r}, not a "
+                "format number; nothing was imported"
+            ) from None
+        if declared not in COLUMNS:
+            raise _unknown_format(file, declared, f"schema metadata {VERSION_METADATA.decode()}")
+        version = declared
+    else:
+        version = 2 if {"format_version", "group_json", "trajectory_json"} & set(names) else 1
+    required = V2_REQUIRED if version == 2 else V1_REQUIRED
+    missing = [c for c in required if c not in names]
+    messages = table.schema.field("messages").type if "messages" in names else None
     if (
         not missing
         and messages is not None
@@ -256,11 +314,20 @@ def read_table(file: Path) -> list[dict[str, Any]]:
     ):
         missing = ["messages (a list of {role, content, ...} structs)"]
     if missing:
+        what = "an ART trajectory parquet file" + (" of format 2" if version == 2 else "")
         raise ExchangeFormatError(
-            f"{file}: not an ART trajectory parquet file (no column {', '.join(missing)}; "
-            f"ART writes {', '.join(ART_COLUMNS)}); nothing was imported"
+            f"{file}: not {what} (no column {', '.join(missing)}; ART writes "
+            f"{', '.join(COLUMNS[version])}); nothing was imported"
         )
-    return table.to_pylist()
+    return version, table.to_pylist()
+
+
+def _unknown_format(file: Path, version: Any, where: str) -> ExchangeFormatError:
+    return ExchangeFormatError(
+        f"{file}: ART trajectory parquet format {version!r} ({where}), which this artstore "
+        f"does not read (it reads formats {' and '.join(map(str, COLUMNS))}); nothing was "
+        "imported"
+    )
 
 
 def _json(value: Any, file: Path, row: int, column: str) -> Any:
@@ -292,6 +359,281 @@ def _scalars(values: dict[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def _reward(value: Any, file: Path, row: int, column: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ExchangeFormatError(
+            f"{file}, row {row}: {column} is {value!r}, not a finite number; nothing was imported"
+        )
+    return float(value)
+
+
+# --- format 2: each group and trajectory as JSON ------------------------------------------
+
+
+class _Strict(BaseModel):
+    """A record of ART's format 2 JSON: fields as ART dumps them, nothing unknown."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _numbers(metrics: dict[str, Any]) -> dict[str, Any]:
+    for key, value in metrics.items():
+        if not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(
+                f"value of {key!r} is {value!r}: ART's metrics are finite numbers or booleans"
+            )
+    return metrics
+
+
+def _scalar_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    for key, value in metadata.items():
+        if value is not None and not isinstance(value, (str, int, float, bool)):
+            raise ValueError(
+                f"value of {key!r} is a {type(value).__name__}: artstore keeps metadata "
+                "values that are numbers, strings, booleans or null (as ART 0.5.18 does)"
+            )
+    return metadata
+
+
+class _HistoryJson(_Strict):
+    messages_and_choices: list[dict[str, Any]] = []
+    tools: list[Any] | None = None
+
+
+class _TrajectoryJson(_Strict):
+    """`Trajectory.model_dump(mode="json")` as ART's writer stores it (defaults left out)."""
+
+    exchanges: dict[str, Any] | None = None
+    messages_and_choices: list[dict[str, Any]] = []
+    tools: list[Any] | None = None
+    additional_histories: list[_HistoryJson] = []
+    reward: Annotated[float, Field(allow_inf_nan=False)] = 0.0
+    initial_policy_version: int | None = None
+    final_policy_version: int | None = None
+    metrics: Annotated[dict[str, Any], AfterValidator(_numbers)] = {}
+    metadata: Annotated[dict[str, Any], AfterValidator(_scalar_metadata)] = {}
+    logs: list[str] = []
+
+
+class _ExceptionJson(_Strict):
+    type: str
+    message: str
+    traceback: str
+
+
+class _GroupJson(_Strict):
+    """`TrajectoryGroup.model_dump(mode="json")` without its trajectories."""
+
+    exceptions: list[_ExceptionJson] = []
+    metadata: dict[str, Any] = {}
+    metrics: Annotated[dict[str, Any], AfterValidator(_numbers)] = {}
+    logs: list[str] = []
+
+
+def _v2_record(model: type[_Strict], text: Any, file: Path, row: int, column: str) -> Any:
+    """The JSON object of a format 2 column, checked against ART's model of it."""
+    if not isinstance(text, str):
+        raise ExchangeFormatError(
+            f"{file}, row {row}: {column} is {type(text).__name__}, not JSON text; nothing "
+            "was imported"
+        )
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ExchangeFormatError(
+            f"{file}, row {row}: {column} is not JSON ({exc}); nothing was imported"
+        ) from None
+    if not isinstance(value, dict):
+        raise ExchangeFormatError(
+            f"{file}, row {row}: {column} is a JSON {type(value).__name__}, not an object; "
+            "nothing was imported"
+        )
+    try:
+        model.model_validate(value)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        problem = (
+            "a field this artstore does not know (written by a newer ART?)"
+            if first["type"] == "extra_forbidden"
+            else first["msg"].removeprefix("Value error, ")
+        )
+        raise ExchangeFormatError(
+            f"{file}, row {row}: {column} {where}: {problem}; nothing was imported"
+        ) from None
+    return value  # as the file holds it: the model only checks it
+
+
+def _is_choice(item: dict[str, Any]) -> bool:
+    """ART's reader's rule (`_choice_data`): these keys, and valid as an openai Choice."""
+    from openai.types.chat.chat_completion import Choice
+
+    if not {"finish_reason", "index", "message"} <= item.keys():
+        return False
+    try:
+        Choice.model_validate(item)
+    except ValidationError:
+        return False
+    return True
+
+
+def _v2_history(messages_and_choices: list[dict[str, Any]], tools: Any) -> History:
+    choices = [i for i, item in enumerate(messages_and_choices) if _is_choice(item)]
+    return History(items=messages_and_choices, choices=choices, trainable=choices, tools=tools)
+
+
+@dataclass
+class _Group:
+    """The rows of one `group_index` of a format 2 file."""
+
+    first_row: int
+    record: dict[str, Any]  # group_json
+    trajectories: dict[int, tuple[int, dict[str, Any]]]  # trajectory_index -> (row, JSON)
+
+
+def _v2_groups(file: Path, rows: list[dict[str, Any]]) -> dict[int, _Group]:
+    groups: dict[int, _Group] = {}
+    for number, row in enumerate(rows):
+        version = row.get("format_version")
+        if version != 2:
+            raise _unknown_format(file, version, f"row {number}, column format_version")
+        index = row.get("group_index")
+        if not isinstance(index, int):
+            raise ExchangeFormatError(
+                f"{file}, row {number}: group_index is {index!r}, not an integer; nothing was "
+                "imported"
+            )
+        group = groups.get(index)
+        if group is None:
+            record = _v2_record(_GroupJson, row.get("group_json"), file, number, "group_json")
+            group = groups[index] = _Group(number, record, {})
+        elif row.get("group_json") != rows[group.first_row].get("group_json"):
+            raise ExchangeFormatError(
+                f"{file}, row {number}: group_json differs from row {group.first_row}'s, of the "
+                f"same group {index}; nothing was imported"
+            )
+        position = row.get("trajectory_index")
+        if position is None:  # the row ART writes for a group without trajectories
+            if row.get("trajectory_json") is not None:
+                raise ExchangeFormatError(
+                    f"{file}, row {number}: trajectory_json without a trajectory_index; "
+                    "nothing was imported"
+                )
+            continue
+        if not isinstance(position, int) or position in group.trajectories:
+            what = "given twice" if isinstance(position, int) else "not an integer"
+            raise ExchangeFormatError(
+                f"{file}, row {number}: trajectory_index {position!r} of group {index} is "
+                f"{what}; nothing was imported"
+            )
+        text = row.get("trajectory_json")
+        record = _v2_record(_TrajectoryJson, text, file, number, "trajectory_json")
+        if record.get("exchanges"):
+            problem = exchanges_problem(record["exchanges"])
+            histories = (
+                record.get("messages_and_choices")
+                or record.get("tools") is not None
+                or record.get("additional_histories")
+            )
+            if not problem and histories:  # as ART's `Trajectory` refuses it
+                problem = "a trajectory holds either exchanges or histories, never both"
+            if problem:
+                raise ExchangeFormatError(
+                    f"{file}, row {number}: trajectory_json exchanges: {problem}; nothing was "
+                    "imported"
+                )
+        group.trajectories[position] = (number, record)
+    return groups
+
+
+def _v2_file_groups(
+    file: ParquetFile, rows: list[dict[str, Any]], where: tuple, base: dict[str, Any]
+) -> Iterable[tuple[int, list[ImportedRollout], dict[str, float], dict[str, Any]]]:
+    """(group index, rollouts, rewards, group metadata) of each group of a format 2 file."""
+    for index, group in sorted(_v2_groups(file.path, rows).items()):
+        rollouts, rewards = [], {}
+        for position in sorted(group.trajectories):
+            number, record = group.trajectories[position]
+            rollout = ImportedRollout(
+                rollout_id=derived_id("parquet", *where, index, position),
+                histories=[
+                    _v2_history(record.get("messages_and_choices", []), record.get("tools")),
+                    *(
+                        _v2_history(h.get("messages_and_choices", []), h.get("tools"))
+                        for h in record.get("additional_histories", [])
+                    ),
+                ],
+                initial_policy_version=record.get("initial_policy_version"),
+                final_policy_version=record.get("final_policy_version"),
+                metrics=record.get("metrics", {}),
+                metadata=record.get("metadata", {}),
+                logs=record.get("logs", []),
+                exchanges=record.get("exchanges") or None,
+                group_index=index,
+                **base,
+            )
+            rollouts.append(rollout)
+            rewards[rollout.rollout_id] = _reward(
+                record.get("reward", 0.0), file.path, number, "trajectory_json reward"
+            )
+        # A group's exceptions are its rollouts that raised: failed rollouts of the group.
+        for k, exception in enumerate(group.record.get("exceptions", [])):
+            rollouts.append(
+                ImportedRollout(
+                    rollout_id=derived_id("parquet", *where, index, "exception", k),
+                    histories=[],
+                    status="failed",
+                    error=dict(exception),
+                    group_index=index,
+                    **base,
+                )
+            )
+        if rollouts:  # a group without trajectories nor exceptions holds nothing to import
+            yield index, rollouts, rewards, group.record.get("metadata", {})
+
+
+# --- format 1: flat messages --------------------------------------------------------------
+
+
+def _v1_file_groups(
+    file: ParquetFile, rows: list[dict[str, Any]], where: tuple, base: dict[str, Any]
+) -> Iterable[tuple[int, list[ImportedRollout], dict[str, float], dict[str, Any]]]:
+    """(group index, rollouts, rewards, group metadata) of each group of a format 1 file."""
+    by_index: dict[int, list[tuple[int, dict[str, Any]]]] = {}
+    for number, row in enumerate(rows):
+        if row.get("reward") is None and row.get("messages") is None:
+            continue  # as ART's reader
+        by_index.setdefault(int(row.get("group_index") or 0), []).append((number, row))
+    for index in sorted(by_index):
+        rollouts, rewards = [], {}
+        for position, (number, row) in enumerate(by_index[index]):
+            flats = row.get("messages") or []
+            rollout = ImportedRollout(
+                rollout_id=derived_id("parquet", *where, index, position),
+                histories=[
+                    History(
+                        items=[_message(m, file.path, number) for m in flats],
+                        trainable=[i for i, m in enumerate(flats) if m.get("trainable")],
+                        tools=_json(row.get("tools"), file.path, number, "tools"),
+                    )
+                ],
+                metrics=_json(row.get("metrics"), file.path, number, "metrics") or {},
+                metadata=_json(row.get("metadata"), file.path, number, "metadata") or {},
+                logs=list(row.get("logs") or []),
+                group_index=index,
+                **base,
+            )
+            rollouts.append(rollout)
+            if row.get("reward") is not None:
+                rewards[rollout.rollout_id] = _reward(row["reward"], file.path, number, "reward")
+        first_number, first_row = by_index[index][0]
+        metadata = _json(first_row.get("group_metadata"), file.path, first_number, "group_metadata")
+        yield index, rollouts, rewards, metadata or {}
+
+
+# --- the plan -----------------------------------------------------------------------------
+
+
 def read_parquet(
     path: str | Path, *, run: str | None = None, scorer: str = "imported"
 ) -> ImportPlan:
@@ -302,8 +644,11 @@ def read_parquet(
     digests = {file.path: file_sha256(file.path) for file in files}
     first = next((f for f in files if f.model), None)
     groups: list[ImportedGroup] = []
+    formats: set[int] = set()
     for file in files:
-        groups.extend(_file_groups(file, digests[file.path], run, scorer))
+        version, rows = read_table(file.path)
+        formats.add(version)
+        groups.extend(_file_groups(file, version, rows, digests[file.path], run, scorer))
     plan_key = hashlib.sha256("".join(sorted(digests.values())).encode()).hexdigest()
     return ImportPlan(
         run=RunImported(
@@ -317,65 +662,46 @@ def read_parquet(
         groups=groups,
         key=plan_key,
         files=len(files),
+        formats=sorted(formats),
     )
 
 
-def _file_groups(file: ParquetFile, digest: str, run: str, scorer: str) -> Iterable[ImportedGroup]:
-    rows = read_table(file.path)
-    started_at = datetime.fromtimestamp(file.path.stat().st_mtime, UTC)
+def _file_groups(
+    file: ParquetFile,
+    version: int,
+    rows: list[dict[str, Any]],
+    digest: str,
+    run: str,
+    scorer: str,
+) -> Iterable[ImportedGroup]:
     policy = file.split in POLICY_SPLITS
-    by_index: dict[int, list[tuple[int, dict[str, Any]]]] = {}
-    for number, row in enumerate(rows):
-        if row.get("reward") is None and row.get("messages") is None:
-            continue  # as ART's reader
-        by_index.setdefault(int(row.get("group_index") or 0), []).append((number, row))
+    base = {
+        "role": "policy" if policy else "validation",
+        "model": file.model or run,
+        "started_at": datetime.fromtimestamp(file.path.stat().st_mtime, UTC),
+        "split": file.split,
+        "step": file.step,
+    }
     where = (run, file.split, file.step, digest)
-    for group_index in sorted(by_index):
-        group_id = derived_id("parquet", *where, group_index)
-        rollouts = []
-        for position, (number, row) in enumerate(by_index[group_index]):
-            flats = row.get("messages") or []
-            rollouts.append(
-                ImportedRollout(
-                    rollout_id=derived_id("parquet", *where, group_index, position),
-                    role="policy" if policy else "validation",
-                    model=file.model or run,
-                    histories=[
-                        History(
-                            items=[_message(m, file.path, number) for m in flats],
-                            trainable=[i for i, m in enumerate(flats) if m.get("trainable")],
-                            tools=_json(row.get("tools"), file.path, number, "tools"),
-                        )
-                    ],
-                    started_at=started_at,
-                    metrics=_json(row.get("metrics"), file.path, number, "metrics") or {},
-                    metadata=_json(row.get("metadata"), file.path, number, "metadata") or {},
-                    logs=list(row.get("logs") or []),
-                    split=file.split,
-                    step=file.step,
-                    group_index=group_index,
-                )
-            )
-        rewards = {
-            r.rollout_id: row["reward"]
-            for r, (_, row) in zip(rollouts, by_index[group_index], strict=True)
-            if row.get("reward") is not None
-        }
-        first_row = by_index[group_index][0][1]
-        group_metadata = _json(first_row.get("group_metadata"), file.path, 0, "group_metadata")
+    read = _v2_file_groups if version == 2 else _v1_file_groups
+    for index, rollouts, rewards, metadata in read(file, rows, where, base):
+        group_id = derived_id("parquet", *where, index)
+        finished = [r.rollout_id for r in rollouts if r.status == "finished"]
         yield ImportedGroup(
             group_id=group_id,
             rollouts=rollouts,
             rewards=[RewardsRecorded(group_id=group_id, scorer=scorer, rewards=rewards)]
             if rewards
             else [],
+            # Only policy groups with a trajectory are sealed (ready to train).
             sealed=GroupSealed(
                 group_id=group_id,
                 run=run,
                 batch=file.step,
-                rollout_ids=[r.rollout_id for r in rollouts],
-                metadata=_scalars(group_metadata),
+                rollout_ids=finished,
+                failed_rollout_ids=[r.rollout_id for r in rollouts if r.status == "failed"],
+                metadata=_scalars(metadata),
             )
-            if policy
+            if policy and finished
             else None,
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection
 
 from artstore.errors import GroupAlreadyConsumedError
@@ -59,10 +59,10 @@ def project(connection: Connection, recorded: list[RecordedEvent]) -> None:
 
 
 def rebuild(connection: Connection, page_size: int = 2000) -> int:
-    """Empty every projection table and replay the whole event log into them."""
-    if connection.dialect.name == "postgresql":
-        # Hold appenders off: an append projected meanwhile would update deleted rows.
-        connection.execute(select(func.pg_advisory_xact_lock(t.EVENTS_APPEND_LOCK_KEY)))
+    """Empty every projection table and replay the whole event log into them.
+
+    The caller holds appenders off meanwhile (`Database.lock_appends`).
+    """
     for table in reversed(t.PROJECTION_TABLES):
         connection.execute(delete(table))
     after, count = 0, 0

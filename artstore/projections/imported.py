@@ -3,8 +3,10 @@
 An imported rollout (`artstore import`) has no `llm.call` events: its histories were stored
 as they were, each item (a message dict, or an openai `Choice` dumped to JSON) a
 content-addressed blob. `imported_trajectory` rebuilds the `art.Trajectory` item for item,
-`Choice` objects and their logprobs included; `imported_message_rows` fills
-`trajectory_messages` with the same columns a recorded rollout gets.
+`Choice` objects and their logprobs included, and ART's captured `exchanges` where the
+source held them (ART >= 0.5.20 only: on 0.5.18 such a trajectory cannot be built, and
+ArtVersionError says so); `imported_message_rows` fills `trajectory_messages` with the same
+columns a recorded rollout gets (exchanges give no rows: they are not messages of a history).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ def blob_hashes(events: Iterable[TrajectoryImported]) -> set[str]:
             found.update(history.items)
             if history.tools:
                 found.add(history.tools)
+        if event.exchanges:
+            found.add(event.exchanges)
     return found
 
 
@@ -75,13 +79,20 @@ def imported_trajectory(
     """The `art.Trajectory` of an imported rollout; reward and metrics as for any rollout."""
     from art.trajectories import Trajectory
 
-    from artstore.art_versions import history_class
+    from artstore.art_versions import history_class, trajectory_exchanges
 
     history = history_class()  # LegacyHistory on ART >= 0.5.20
 
     histories = history_items(event, bodies)
     (main, tools), *additional = histories or [([], None)]
+    # ART 0.5.18 has no `exchanges`: ArtVersionError (the event keeps them for a newer ART).
+    exchanges = (
+        {"exchanges": trajectory_exchanges(bodies[event.exchanges], f"rollout {event.rollout_id}")}
+        if event.exchanges
+        else {}
+    )
     return Trajectory(
+        **exchanges,
         messages_and_choices=main,
         tools=tools,
         additional_histories=[

@@ -1,29 +1,18 @@
-"""One trainer per run: a second trainer started on the same run gets a clear error.
+"""One trainer per model: a second trainer of the same model gets a clear error at once.
 
-The lease is a lock the operating system or the database releases when the process dies
-(SIGKILL included), so a crashed trainer never blocks its own resume:
-- PostgreSQL: a session-level advisory lock held on a dedicated connection;
-- SQLite: an exclusive `flock` on a file beside the database.
+The lease is a lock that the database or the operating system releases when the process
+dies (SIGKILL included), so a crashed trainer never blocks its own resume: a session
+advisory lock on PostgreSQL, an exclusive `flock` on a file beside a SQLite database
+(`Database.try_lock`).
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
-
-from sqlalchemy import text
 
 from artstore.errors import TrainerConflictError
 from artstore.eventstore.database import Database
-
-
-def _lock_key(model: str) -> int:
-    digest = hashlib.sha256(f"artstore-trainer:{model}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1  # a positive bigint
 
 
 def _conflict(run: str, model: str) -> TrainerConflictError:
@@ -42,32 +31,7 @@ async def trainer_lease(database: Database, run: str, model: str) -> AsyncIterat
     nobody else moving the model's step. Training model B on run A's groups (a replay)
     does not conflict with A's trainer; a replay into A's own model does.
     """
-    key = _lock_key(model)
-    if database.dialect == "postgresql":
-        async with database.write_engine.connect() as connection:
-            got = (await connection.execute(text(f"SELECT pg_try_advisory_lock({key})"))).scalar()
-            await connection.commit()
-            if not got:
-                raise _conflict(run, model)
-            try:
-                yield
-            finally:
-                try:
-                    await connection.execute(text(f"SELECT pg_advisory_unlock({key})"))
-                    await connection.commit()
-                except Exception:
-                    # Never hand a connection that may still hold the lock back to the
-                    # pool: closing it makes the server release the lock.
-                    await connection.invalidate()
-        return
-    database_file = Path(database.url.database or "artstore.db")
-    lock_path = database_file.with_name(f"{database_file.name}.run-{key:x}.lock")
-    handle = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o644)
-    try:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _conflict(run, model) from None
+    async with database.try_lock(f"artstore-trainer:{model}") as held:
+        if not held:
+            raise _conflict(run, model)
         yield
-    finally:
-        os.close(handle)  # closing releases the lock

@@ -3,8 +3,8 @@
     from artstore.training.ruler import ruler_reward
 
     judge = ruler_reward(judge_model="openai/o4-mini")
-    await store.rescore("my-run", judge, scorer="ruler")
-    await store.replay("my-run", model, scorer="ruler")
+    await artstore.rescore(store, "my-run", judge, scorer="ruler")
+    await artstore.replay(store, "my-run", model, scorer="ruler")
 
 or, from the command line, with a module of your own that holds `judge` (or the
 ready-made `artstore.training.ruler:ruler`, configured by environment variables):
