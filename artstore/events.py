@@ -299,7 +299,7 @@ class TrajectoryImported(Event):
     group_index: int | None = None
 
 
-# --- trajectories a loop built (`store.record_group`, `store.backend`, PipelineTrainer) -----
+# --- trajectories a loop built (record_group, the recording backend, PipelineTrainer) ----
 
 
 @event_type("trajectory.recorded")

@@ -141,67 +141,6 @@ class Store(EventStore):
 
     # --- maintenance --------------------------------------------------------------------
 
-    # --- loops of your own (ART's objects in and out) ---------------------------------------
-
-    async def record_group(self, group: art.TrajectoryGroup, *, run: str, **options: Any) -> str:
-        """Record an `art.TrajectoryGroup` a loop built as a sealed group of `run`; its id.
-
-        See `artstore.training.recording.record_group`.
-        """
-        from artstore.training.recording import record_group
-
-        return await record_group(self, group, run=run, **options)
-
-    def group_recorder(self, *, run: str, **options: Any):
-        """An `after_each=` for `art.gather_trajectory_groups` that records each group."""
-        from artstore.training.recording import group_recorder
-
-        return group_recorder(self, run=run, **options)
-
-    async def groups(self, run: str, **options: Any) -> list[art.TrajectoryGroup]:
-        """The sealed groups of `run` as `art.TrajectoryGroup`s (options: batch, scorer)."""
-        from artstore.training.run_groups import run_groups
-
-        return await run_groups(self, run, **options)
-
-    async def unconsumed_groups(
-        self, run: str, model: art.TrainableModel, **options: Any
-    ) -> list[art.TrajectoryGroup]:
-        """The sealed groups of `run` that `model` has not been trained on (option: scorer)."""
-        from artstore.training.run_groups import unconsumed_groups
-
-        return await unconsumed_groups(self, run, model, **options)
-
-    def backend(self, backend: Any, *, run: str, scorer: str | None = None):
-        """`backend` (an `art.Backend`) with every `train` call recorded as a step of `run`."""
-        from artstore.training.backend import record_backend
-
-        return record_backend(self, backend, run=run, scorer=scorer)
-
-    def durable_rollouts(self, rollout: Any, *, run: str, **options: Any):
-        """`rollout` (returning an `art.Trajectory`) recorded, and resumed after a crash."""
-        from artstore.training.durable import durable_rollouts
-
-        return durable_rollouts(self, rollout, run=run, **options)
-
-    def pipeline_trainer(self, *, run: str, **options: Any):
-        """ART's `PipelineTrainer` (ART >= 0.5.20) on this store: no group lost in a crash."""
-        from artstore.training.pipeline import pipeline_trainer
-
-        return pipeline_trainer(self, run=run, **options)
-
-    async def start_run(self, run: str, *, model: Any, **options: Any) -> bool:
-        """Start `run` (options: scorer, config) or resume it; True when resuming."""
-        from artstore.training.runs import start_run
-
-        return await start_run(self, run, model=model, **options)
-
-    async def finish_run(self, run: str, *, error: Any = None) -> None:
-        """Record that `run` finished (or failed, with `error`)."""
-        from artstore.training.runs import finish_run
-
-        await finish_run(self, run, error=error)
-
     async def rebuild_projections(self) -> int:
         """Recompute every projection table from the event log; returns the events replayed."""
         from artstore.projections import rebuild

@@ -52,7 +52,8 @@ async def rollout(question: str) -> art.Trajectory:
 async def main(url: str | None, art_path: str, steps: int) -> None:
     with LocalInferenceServer() as server:
         store = await artstore.open_store(url)
-        backend = store.backend(
+        backend = artstore.recording_backend(
+            store,
             CheckOnlyBackend(
                 path=art_path, inference_base_url=server.base_url, inference_api_key=server.api_key
             ),
@@ -64,13 +65,13 @@ async def main(url: str | None, art_path: str, steps: int) -> None:
         for step in range(await model.get_step(), steps):
             groups = await art.gather_trajectory_groups(
                 (art.TrajectoryGroup(recorded(q) for _ in range(2)) for q in QUESTIONS[:2]),
-                after_each=store.group_recorder(run=RUN, model=model, batch=step),
+                after_each=artstore.group_recorder(store, run=RUN, model=model, batch=step),
                 pbar_desc=None,
             )
             result = await backend.train(model, groups)
             await model.log(groups, metrics=result.metrics, step=result.step, split="train")
             print(f"step {result.step}: trained {len(groups)} groups", flush=True)
-        await store.finish_run(RUN)
+        await artstore.finish_run(store, RUN)
         await backend.close()
         await store.close()
 

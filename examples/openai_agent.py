@@ -49,7 +49,9 @@ SCENARIOS = [{"topic": topic} for topic in ("octopus", "spider", "ant", "crab")]
 async def main(url: str | None, art_path: str, steps: int) -> None:
     with LocalInferenceServer() as server:
         store = await artstore.open_store(url)  # artstore
-        backend = store.backend(  # artstore: every train call is a recorded train step
+        # artstore: every train call is a recorded train step
+        backend = artstore.recording_backend(
+            store,
             CheckOnlyBackend(
                 path=art_path, inference_base_url=server.base_url, inference_api_key=server.api_key
             ),
@@ -81,18 +83,20 @@ async def main(url: str | None, art_path: str, steps: int) -> None:
             trajectory.metrics["tool_calls"] = len(called)
             return trajectory
 
-        rollout = store.durable_rollouts(rollout, run=RUN)  # artstore: resumable rollouts
+        rollout = artstore.durable_rollouts(store, rollout, run=RUN)  # artstore: resumable rollouts
         for step in range(await model.get_step(), steps):
             batch = [SCENARIOS[(2 * step + k) % len(SCENARIOS)] for k in range(2)]
             groups = await art.gather_trajectory_groups(
                 (art.TrajectoryGroup(rollout(model, s) for _ in range(4)) for s in batch),
-                after_each=store.group_recorder(run=RUN, model=model, batch=step),  # artstore
+                after_each=artstore.group_recorder(
+                    store, run=RUN, model=model, batch=step
+                ),  # artstore
                 pbar_desc=None,
             )
             result = await backend.train(model, groups, learning_rate=1e-5)
             await model.log(groups, metrics=result.metrics, step=result.step, split="train")
             print(f"step {result.step}: {len(groups)} groups trained", flush=True)
-        await store.finish_run(RUN)
+        await artstore.finish_run(store, RUN)
         await backend.close()
         await store.close()
 

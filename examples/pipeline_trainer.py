@@ -2,7 +2,7 @@
 
     python examples/pipeline_trainer.py [--url URL] [--art-path DIR]
 
-`store.pipeline_trainer(...)` takes PipelineTrainer's own arguments and returns ART's
+`artstore.pipeline_trainer(store, ...)` takes PipelineTrainer's own arguments and returns ART's
 trainer, with the store as its memory: each group is recorded when the rollout function
 returns it (before it is queued), each train call is a recorded step, and after a crash
 the groups recorded and never trained are trained first, and only the scenarios without
@@ -52,7 +52,8 @@ async def main(url: str | None, art_path: str, scenarios: int) -> None:
                 reward=float(len(answer) % 3),
             )
 
-        trainer = store.pipeline_trainer(
+        trainer = artstore.pipeline_trainer(
+            store,
             run=RUN,
             model=model,
             backend=backend,

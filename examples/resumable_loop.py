@@ -4,12 +4,12 @@
 
 Batches are drawn at random, so a restarted loop cannot roll the same batch out again.
 What makes it resumable is the store: each group is recorded the moment it is complete
-(`after_each=store.group_recorder(...)`), every `backend.train` call is a recorded train
-step (`store.backend(...)`), and at the start the loop trains what was recorded and never
-trained (`store.unconsumed_groups(...)`), before rolling anything out. Kill it (even with
-SIGKILL) and run it again: no finished group is rolled out again, none is trained twice,
-and a step the backend finished just before the kill is recorded from the backend's own
-step (`model.get_step()`).
+(`after_each=artstore.group_recorder(store, ...)`), every `backend.train` call is a
+recorded train step (`artstore.recording_backend(store, ...)`), and at the start the loop
+trains what was recorded and never trained (`artstore.unconsumed_groups(store, ...)`),
+before rolling anything out. Kill it (even with SIGKILL) and run it again: no finished
+group is rolled out again, none is trained twice, and a step the backend finished just
+before the kill is recorded from the backend's own step (`model.get_step()`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ SCENARIOS = [f"What is fact number {i}?" for i in range(10)]
 async def main(url: str | None, art_path: str, steps: int, delay: float) -> None:
     with LocalInferenceServer() as server:
         store = await artstore.open_store(url)
-        backend = store.backend(
+        backend = artstore.recording_backend(
+            store,
             CheckOnlyBackend(
                 path=art_path, inference_base_url=server.base_url, inference_api_key=server.api_key
             ),
@@ -62,18 +63,18 @@ async def main(url: str | None, art_path: str, steps: int, delay: float) -> None
             await model.log(groups, metrics=result.metrics, step=result.step, split="train")
             print(f"step {result.step}: trained {len(groups)} groups", flush=True)
 
-        leftover = await store.unconsumed_groups(RUN, model)  # recorded before a crash
+        leftover = await artstore.unconsumed_groups(store, RUN, model)  # recorded before a crash
         if leftover:
             await train(leftover)
         while (step := await model.get_step()) < steps:
             batch = random.sample(SCENARIOS, 3)
             groups = await art.gather_trajectory_groups(
                 (art.TrajectoryGroup(rollout(model, q) for _ in range(3)) for q in batch),
-                after_each=store.group_recorder(run=RUN, model=model, batch=step),
+                after_each=artstore.group_recorder(store, run=RUN, model=model, batch=step),
                 pbar_desc=None,
             )
             await train(groups)
-        await store.finish_run(RUN)
+        await artstore.finish_run(store, RUN)
         await backend.close()
         await store.close()
 

@@ -5,8 +5,8 @@
 The loop is what ART's examples write: an agent calling `model.openai_client()` with
 tools, `art.gather_trajectory_groups` over `art.TrajectoryGroup(rollout(...) for ...)`,
 `backend.train` then `model.log`, for `range(await model.get_step(), STEPS)`. Three lines
-make it durable: the backend is `store.backend(...)`, the rollout function
-`store.durable_rollouts(...)`, and `after_each=store.group_recorder(...)`.
+make it durable: the backend is `artstore.recording_backend(store, ...)`, the rollout function
+`artstore.durable_rollouts(store, ...)`, and `after_each=artstore.group_recorder(store, ...)`.
 
 As in tests/crash_driver.py, each invocation arms the first POINT:N whose marker file
 (WORKDIR/fired-<i>) does not exist and kills itself the Nth time it reaches POINT:
@@ -132,7 +132,8 @@ async def train(url: str, workdir: Path, plan: str) -> None:
         store.append_nowait = append_with_crashes  # type: ignore[method-assign]
 
         # --- the user's loop ------------------------------------------------------------
-        backend = store.backend(  # durable: 1 of 3
+        backend = artstore.recording_backend(
+            store,  # durable: 1 of 3
             CrashingBackend(
                 path=workdir / "art",
                 inference_base_url=server.base_url,
@@ -171,7 +172,7 @@ async def train(url: str, workdir: Path, plan: str) -> None:
             trajectory.reward = float(len(message.content or str(message.tool_calls)) % 5)
             return trajectory
 
-        durable = store.durable_rollouts(agent, run=RUN)  # durable: 2 of 3
+        durable = artstore.durable_rollouts(store, agent, run=RUN)  # durable: 2 of 3
 
         async def rollout(model: art.TrainableModel, scenario: dict[str, Any]) -> art.Trajectory:
             trajectory = await durable(model, scenario)
@@ -184,12 +185,14 @@ async def train(url: str, workdir: Path, plan: str) -> None:
                     art.TrajectoryGroup(rollout(model, s) for _ in range(GROUP_SIZE))
                     for s in batch_for(step)
                 ),
-                after_each=store.group_recorder(run=RUN, model=model, batch=step),  # 3 of 3
+                after_each=artstore.group_recorder(
+                    store, run=RUN, model=model, batch=step
+                ),  # 3 of 3
                 pbar_desc=None,
             )
             result = await backend.train(model, groups)
             await model.log(groups, metrics=result.metrics, step=result.step, split="train")
-        await store.finish_run(RUN)
+        await artstore.finish_run(store, RUN)
         await backend.close()
         await store.close()
 

@@ -4,7 +4,7 @@
 
 12 scenarios, groups of 2 rollouts made by `make_group_rollout_fn` over an agent calling
 `model.openai_client()`, 2 rollout workers, batches of 2 groups, on CheckOnlyBackend, built
-with `store.pipeline_trainer(...)`. Points, as in tests/loop_crash_driver.py:
+with `artstore.pipeline_trainer(store, ...)`. Points, as in tests/loop_crash_driver.py:
 
 - rollout: a rollout, once another rollout of the same scenario has finished;
 - sealed: right after a `group.sealed` append committed (a group
@@ -114,7 +114,8 @@ async def train(url: str, workdir: Path, plan: str) -> None:
                 reward=float(len(content) % 5),
             )
 
-        trainer = store.pipeline_trainer(
+        trainer = artstore.pipeline_trainer(
+            store,
             run=RUN,
             model=model,
             backend=backend,

@@ -1,6 +1,6 @@
 """ART's PipelineTrainer on the store, killed at every point and resumed (ART >= 0.5.20).
 
-tests/pipeline_crash_driver.py runs `store.pipeline_trainer(...)` over 12 scenarios
+tests/pipeline_crash_driver.py runs `artstore.pipeline_trainer(store, ...)` over 12 scenarios
 (groups of 2, batches of 2 groups, 2 rollout workers) and SIGKILLs itself at a chosen
 point; the test runs it again and again until it completes:
 
@@ -131,7 +131,7 @@ async def check_run(store: artstore.Store, seen: list[dict[str, set[str]]], work
     assert max(totals.values()) > driver.GROUP_SIZE  # a half-done group was rolled out again
 
     # Every group with reward spread trained exactly once; the backend agrees.
-    loaded = await store.groups(driver.RUN)
+    loaded = await artstore.run_groups(store, driver.RUN)
     spread = {
         g.metadata["artstore_group_id"]
         for g in loaded

@@ -149,10 +149,10 @@ async def test_ruler_judges_the_main_history_of_trajectories_with_additional_one
         [trajectory("multiply", "legs_per_animal"), trajectory(None, "multiply")]
     )
     model = art.Model(name="judged", project="tests")
-    await store.record_group(group, run="tests/histories", model=model)
+    await artstore.record_group(store, group, run="tests/histories", model=model)
 
-    await store.rescore("tests/histories", ruler_for(judge), "ruler")
+    await artstore.rescore(store, "tests/histories", ruler_for(judge), "ruler")
 
-    (scored,) = await store.groups("tests/histories", scorer="ruler")
+    (scored,) = await artstore.run_groups(store, "tests/histories", scorer="ruler")
     assert [t.reward for t in scored.trajectories] == [0.9, 0.1]  # the other history unseen
     assert [len(t.additional_histories) for t in scored.trajectories] == [1, 1]  # kept

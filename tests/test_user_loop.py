@@ -22,6 +22,7 @@ from sqlalchemy import func, select, text
 from trained_run import cli
 from training_helpers import assert_consistent, rows
 
+import artstore
 from artstore.art_versions import has_exchanges, history_class, trainable_model
 from artstore.backends import CheckOnlyBackend
 from artstore.errors import ConfigurationError, GroupAlreadyConsumedError, InvalidEventError
@@ -59,7 +60,8 @@ async def server():
 
 
 async def model_on(server: LocalInferenceServer, store: Any, path: Path, name: str = "agent"):
-    backend = store.backend(
+    backend = artstore.recording_backend(
+        store,
         CheckOnlyBackend(
             path=path, inference_base_url=server.base_url, inference_api_key=server.api_key
         ),
@@ -147,13 +149,13 @@ async def test_a_recorded_group_comes_back_whole_and_exactly(store, server, tmp_
     model, backend = await model_on(server, store, tmp_path / "art")
     group = await a_group(server, "What is fact number 1?")
 
-    group_id = await store.record_group(group, run=RUN, model=model, batch=0)
+    group_id = await artstore.record_group(store, group, run=RUN, model=model, batch=0)
 
     # Stamped: each trajectory and the group say where they are.
     ids = [t.metadata["artstore_rollout_id"] for t in group.trajectories]
     assert group.metadata["artstore_group_id"] == group_id
     assert {t.metadata["artstore_group_id"] for t in group.trajectories} == {group_id}
-    (stored,) = await store.groups(RUN)
+    (stored,) = await artstore.run_groups(store, RUN)
     assert dump(stored) == dump(group)  # every field, key order, float and logprob
     assert stored == group
     assert [type(i).__name__ for i in stored.trajectories[0].messages_and_choices] == [
@@ -191,11 +193,11 @@ async def test_a_recorded_group_comes_back_whole_and_exactly(store, server, tmp_
 
     # Recorded again as it is: nothing written. A changed reward: recorded again.
     before = await event_count(store)
-    assert await store.record_group(group, run=RUN, model=model) == group_id
+    assert await artstore.record_group(store, group, run=RUN, model=model) == group_id
     assert await event_count(store) == before
     group.trajectories[0].reward = 0.75
-    await store.record_group(group, run=RUN, model=model)
-    (again,) = await store.groups(RUN)
+    await artstore.record_group(store, group, run=RUN, model=model)
+    (again,) = await artstore.run_groups(store, RUN)
     assert again.trajectories[0].reward == 0.75
     if has_exchanges():  # ART >= 0.5.20 captures raw exchanges: they are kept whole too
         client = AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
@@ -208,8 +210,8 @@ async def test_a_recorded_group_comes_back_whole_and_exactly(store, server, tmp_
             trajectory.reward = 0.5
             captured.append(trajectory)
         exchanged = art.TrajectoryGroup(captured)
-        await store.record_group(exchanged, run="loops/exchanges", model=model)
-        (stored,) = await store.groups("loops/exchanges")
+        await artstore.record_group(store, exchanged, run="loops/exchanges", model=model)
+        (stored,) = await artstore.run_groups(store, "loops/exchanges")
         assert stored == exchanged and stored.trajectories[0].exchanges.chat_completions
     await backend.close()
     await assert_consistent(store)
@@ -220,13 +222,13 @@ async def test_what_cannot_be_recorded_fails_alone_with_a_clear_error(store, ser
     bad = art.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=0)
     bad.reward = float("nan")
     with pytest.raises(InvalidEventError, match="trajectory 0: the reward is nan"):
-        await store.record_group(art.TrajectoryGroup([bad]), run=RUN, model=model)
+        await artstore.record_group(store, art.TrajectoryGroup([bad]), run=RUN, model=model)
     odd = art.Trajectory(messages_and_choices=[{"role": "user", "content": "x"}], reward=1)
     odd.messages_and_choices.append(object())
     with pytest.raises(InvalidEventError, match="neither a message dict nor an openai Choice"):
-        await store.record_group(art.TrajectoryGroup([odd]), run=RUN, model=model)
+        await artstore.record_group(store, art.TrajectoryGroup([odd]), run=RUN, model=model)
     with pytest.raises(ConfigurationError, match="has not been started: pass the model"):
-        await store.record_group(art.TrajectoryGroup([]), run="never-started")
+        await artstore.record_group(store, art.TrajectoryGroup([]), run="never-started")
     # Nothing half-written: the run was started, no rollout or group exists.
     assert await rows(store, t.rollouts) == [] and await rows(store, t.groups) == []
     await backend.close()
@@ -260,9 +262,9 @@ async def test_the_recording_backend_is_the_backend_and_records_every_train_call
     with pytest.raises(GroupAlreadyConsumedError, match="given twice"):
         await backend.train(model, [third, third])
     assert await model.get_step() == 1
-    assert [g.metadata["artstore_group_id"] for g in await store.unconsumed_groups(RUN, model)] == [
-        third.metadata["artstore_group_id"]
-    ]
+    assert [
+        g.metadata["artstore_group_id"] for g in await artstore.unconsumed_groups(store, RUN, model)
+    ] == [third.metadata["artstore_group_id"]]
 
     # A failing backend: the step is recorded as failed, the error is the backend's own.
     class Broken(Exception):
@@ -276,7 +278,7 @@ async def test_the_recording_backend_is_the_backend_and_records_every_train_call
         await backend.train(model, [third])
     failed = [s for s in await rows(store, t.train_steps) if s.status == "failed"]
     assert [(s.error_type, s.error_message) for s in failed] == [("Broken", "out of memory")]
-    assert len(await store.unconsumed_groups(RUN, model)) == 1
+    assert len(await artstore.unconsumed_groups(store, RUN, model)) == 1
     await backend.close()
     await assert_consistent(store)
 
@@ -287,9 +289,9 @@ async def test_a_user_loop_run_is_a_run_everywhere(store, server, tmp_path, data
     for step in range(2):
         groups = [await a_group(server, f"step {step} question {i}", size=2) for i in range(2)]
         for group in groups:
-            await store.record_group(group, run=RUN, model=model, batch=step)
+            await artstore.record_group(store, group, run=RUN, model=model, batch=step)
         await backend.train(model, groups)
-    await store.finish_run(RUN)
+    await artstore.finish_run(store, RUN)
     await backend.close()
 
     async with store.database.read() as connection:
@@ -319,11 +321,11 @@ async def test_a_user_loop_run_is_a_run_everywhere(store, server, tmp_path, data
     def by_length(scenario: Any, results: list[Any], trajectories: list[Any]) -> list[float]:
         return [float(len(t.messages_and_choices[-1].message.content or "")) for t in trajectories]
 
-    scored = await store.rescore(RUN, by_length, "length")
+    scored = await artstore.rescore(store, RUN, by_length, "length")
     assert len(scored) == 4
     second = trainable_model(name="second", project="loops", base_model="test-base")
     await second.register(CheckOnlyBackend(path=tmp_path / "art"))
-    plan = await store.replay(RUN, second, scorer="length")
+    plan = await artstore.replay(store, RUN, second, scorer="length")
     # The run's batches, as the loop trained them: 2 steps of 2 groups.
     assert [len(s) for s in plan.steps] == [2, 2] and plan.trained_steps == [1, 2]
     await assert_consistent(store)
@@ -349,10 +351,10 @@ async def test_rollouts_of_wrap_rollout_join_the_group_and_run_that_seal_them(st
     (run,) = await rows(store, t.runs)
     assert (run.run, run.status, run.model) == ("loops/lg", "recorded", "lg")  # from rollouts
 
-    group_id = await store.record_group(art.TrajectoryGroup(trajectories), run="loops/lg")
+    group_id = await artstore.record_group(store, art.TrajectoryGroup(trajectories), run="loops/lg")
     rollouts = await rows(store, t.rollouts)
     assert len(rollouts) == 2 and {r.group_id for r in rollouts} == {group_id}  # not copied
-    (stored,) = await store.groups("loops/lg")
+    (stored,) = await artstore.run_groups(store, "loops/lg")
     assert [t.reward for t in stored.trajectories] == [0.5, 0.5]
     assert all(t.messages_and_choices for t in stored.trajectories)  # the calls, recorded
     await assert_consistent(store)
@@ -364,7 +366,7 @@ async def test_an_imported_run_replays_in_its_batches(store, server, tmp_path, d
     for batch in range(2):
         for i in range(3):
             group = await a_group(server, f"batch {batch} question {i}", size=2)
-            await store.record_group(group, run=RUN, model=model, batch=batch)
+            await artstore.record_group(store, group, run=RUN, model=model, batch=batch)
     await backend.close()
     from artstore.exchange import export_jsonl, import_path
 
@@ -372,7 +374,7 @@ async def test_an_imported_run_replays_in_its_batches(store, server, tmp_path, d
     await import_path(store, tmp_path / "run.jsonl", run="imported/copy")
     second = trainable_model(name="second", project="loops", base_model="test-base")
     await second.register(CheckOnlyBackend(path=tmp_path / "art"))
-    plan = await store.replay("imported/copy", second)
+    plan = await artstore.replay(store, "imported/copy", second)
     assert [len(s) for s in plan.steps] == [3, 3]  # its batches, though its config says nothing
     dry = await in_thread(
         "replay",

@@ -47,7 +47,7 @@ def wrap_rollout(
     exception reaches the caller.
 
     The trajectory's metadata says which rollout it is (`artstore_rollout_id`, and
-    `artstore_group_id` with `group_id`): `store.record_group` seals it as it was
+    `artstore_group_id` with `group_id`): `artstore.record_group` seals it as it was
     recorded, LLM calls included, rather than a copy.
     """
 
@@ -81,7 +81,7 @@ def wrap_rollout(
             else:
                 rollout.result = result
         projected = await store.trajectory(rollout.id)
-        # Where it is in the store: `store.record_group` seals this rollout, not a copy.
+        # Where it is in the store: `artstore.record_group` seals this rollout, not a copy.
         projected.metadata["artstore_rollout_id"] = rollout.id
         if group_id is not None:
             projected.metadata["artstore_group_id"] = group_id

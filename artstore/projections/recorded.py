@@ -1,11 +1,11 @@
 """Trajectories a loop built itself: projected from their `trajectory.recorded` event.
 
-`store.record_group`, the recording backend (`store.backend`) and the durable rollouts
-store an `art.Trajectory` the way `artstore import` stores one: each history item (a
-message dict, or an openai `Choice` dumped to JSON) a content-addressed blob, plus the
-trajectory's metrics, metadata and logs, its exchanges (ART >= 0.5.20) and its start
-time. The blobs keep key order, so the trajectory comes back equal to the one recorded,
-`Choice` objects and their logprobs included.
+`artstore.record_group`, the recording backend (`artstore.recording_backend`) and the
+durable rollouts store an `art.Trajectory` the way `artstore import` stores one: each
+history item (a message dict, or an openai `Choice` dumped to JSON) a content-addressed
+blob, plus the trajectory's metrics, metadata and logs, its exchanges (ART >= 0.5.20) and
+its start time. The blobs keep key order, so the trajectory comes back equal to the one
+recorded, `Choice` objects and their logprobs included.
 """
 
 from __future__ import annotations

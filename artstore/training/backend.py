@@ -1,6 +1,6 @@
 """The recording backend: any `art.Backend`, with every `train` call recorded as a train step.
 
-    backend = store.backend(LocalBackend(), run="my-run")   # still an art.Backend
+    backend = artstore.recording_backend(store, LocalBackend(), run="my-run")  # an art.Backend
     await model.register(backend)
     result = await backend.train(model, groups, learning_rate=1e-5)
 
@@ -129,7 +129,7 @@ class RecordingBackend:
                     if twice
                     else f"was already trained into {model_key(model)}"
                 )
-                + "; nothing was trained (store.unconsumed_groups(run, model) gives the "
+                + "; nothing was trained (artstore.unconsumed_groups(store, run, model) gives the "
                 "groups left to train)"
             )
         return await record_step(
@@ -180,7 +180,7 @@ def _recording_class(backend_class: type) -> type:
     return _CLASSES[backend_class]
 
 
-def record_backend(
+def recording_backend(
     store: Store, backend: Any, *, run: str, scorer: str | None = None
 ) -> RecordingBackend:
     """`backend` (any `art.Backend`) with its train steps recorded under `run`.

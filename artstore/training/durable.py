@@ -1,13 +1,13 @@
 """Durable rollouts: a loop's rollout function, each trajectory recorded the moment it returns.
 
-    rollout = store.durable_rollouts(rollout, run="my-run")   # one line
+    rollout = artstore.durable_rollouts(store, rollout, run="my-run")   # one line
 
     for step in range(await model.get_step(), num_steps):
         groups = await art.gather_trajectory_groups(
             (art.TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in batch(step)),
-            after_each=store.group_recorder(run="my-run", model=model, batch=step),
+            after_each=artstore.group_recorder(store, run="my-run", model=model, batch=step),
         )
-        await backend.train(model, groups)                      # store.backend(...)
+        await backend.train(model, groups)  # backend = artstore.recording_backend(store, ...)
 
 Each call runs the rollout function inside `store.rollout(...)` (so LLM calls made
 through `art.langgraph` or artstore's captured clients are recorded too) and records the

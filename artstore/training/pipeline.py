@@ -1,6 +1,7 @@
 """ART's `PipelineTrainer` (ART >= 0.5.20) on the store: no finished or queued group lost.
 
-    trainer = store.pipeline_trainer(
+    trainer = artstore.pipeline_trainer(
+        store,
         run="pipe-1", model=model, backend=backend, rollout_fn=rollout_fn,
         scenarios=scenarios, config=config, max_steps_off_policy=4,   # PipelineTrainer's
     )
@@ -12,7 +13,7 @@ scenarios pulled, so after a crash the groups that were queued or being rolled o
 skipped, never trained. Here the store is the memory, through three public seams of
 `PipelineTrainer` and no change to ART's loop:
 
-- its backend is the recording backend (`store.backend`): every train call is a train
+- its backend is the recording backend (`artstore.recording_backend`): every train call is a train
   step that consumes its groups exactly once per model, settled after a crash;
 - its rollout function is wrapped: each group is recorded (sealed, rewards under the
   run's scorer) the moment the rollout function returns it, before it is queued;
@@ -41,7 +42,7 @@ from artstore.art_versions import has_pipeline_trainer, rewards_have_zero_varian
 from artstore.capture.rollout import to_json_value
 from artstore.errors import ConfigurationError
 from artstore.schema import tables as t
-from artstore.training.backend import RecordingBackend, record_backend
+from artstore.training.backend import RecordingBackend, recording_backend
 from artstore.training.groups import load_groups
 from artstore.training.recording import record_group
 from artstore.training.runs import finish_run, run_scorer, start_run
@@ -244,7 +245,7 @@ def pipeline_trainer(
     recording = (
         backend
         if issubclass(type(backend), RecordingBackend)
-        else record_backend(store, backend, run=run, scorer=scorer)
+        else recording_backend(store, backend, run=run, scorer=scorer)
     )
     if model._backend is not recording:
         model._backend = recording  # registered already: only the wrapper is new

@@ -1,6 +1,6 @@
 """ART's own objects in: `art.Trajectory` and `art.TrajectoryGroup` a loop built, recorded.
 
-    group_id = await store.record_group(group, run="my-run", model=model)
+    group_id = await artstore.record_group(store, group, run="my-run", model=model)
 
 A trajectory becomes a rollout whose `trajectory.recorded` event holds it whole: every
 history item (message dicts as they are, `Choice` objects dumped with their logprobs),
@@ -502,7 +502,7 @@ def group_recorder(
 
         groups = await art.gather_trajectory_groups(
             (art.TrajectoryGroup(rollout(model, s) for _ in range(8)) for s in batch),
-            after_each=store.group_recorder(run="my-run", model=model, batch=step),
+            after_each=artstore.group_recorder(store, run="my-run", model=model, batch=step),
         )
 
     Options are `record_group`'s (model, scorer, batch, epoch, scenario_index...).

@@ -1,7 +1,7 @@
 """ART's objects out: a run's sealed groups as `art.TrajectoryGroup`s, ready for `backend.train`.
 
-    leftover = await store.unconsumed_groups("my-run", model)   # after a crash: train these first
-    groups = await store.groups("my-run", batch=3)
+    leftover = await artstore.unconsumed_groups(store, "my-run", model)  # train these first
+    groups = await artstore.run_groups(store, "my-run", batch=3)
 
 Trajectories are trainable (`Choice` objects with their logprobs), rewarded by the run's
 scorer (or `scorer=`), and stamped with `artstore_rollout_id` / `artstore_group_id`, so
@@ -51,7 +51,7 @@ async def unconsumed_groups(
 ) -> list[art.TrajectoryGroup]:
     """The sealed groups of `run` that `model` has not been trained on, in the run's order.
 
-    When `model` is registered with the recording backend (`store.backend`), that
+    When `model` is registered with the recording backend (`artstore.recording_backend`), that
     backend first takes the model (one trainer per model) and settles a train step a
     crash left open, with the backend's own step: a group the crashed step did train
     counts as consumed, one it did not is handed out again.

@@ -1,8 +1,8 @@
 """Runs from any loop: started and finished explicitly, or as soon as something is recorded.
 
 `TrainingFramework` starts and resumes its runs itself. A loop of your own names a run
-when it records groups (`store.record_group`), trains through the recording backend
-(`store.backend`) or runs ART's `PipelineTrainer` on the store; the first of these
+when it records groups (`artstore.record_group`), trains through the recording backend
+(`artstore.recording_backend`) or runs ART's `PipelineTrainer` on the store; the first of these
 records `run.started` with what it knows (the model, the scorer). `start_run` and
 `finish_run` say more: a configuration, and when the run ended.
 
@@ -38,7 +38,7 @@ def _started_event(run: str, model: Any, scorer: str, config: dict[str, Any] | N
     if model is None:
         raise ConfigurationError(
             f"run {run!r} has not been started: pass the model (the art.Model whose "
-            "rollouts these are), or start it with store.start_run(run, model=...)"
+            "rollouts these are), or start it with artstore.start_run(store, run, model=...)"
         )
     return RunStarted(
         run=run,
