@@ -28,7 +28,20 @@ __version__ = "0.1.0"
 
 _TRAINING = {"TrainingFramework", "TrainingConfig", "train", "RunSummary"}
 # Training on a store that holds runs: functions that take the store.
-_ON_A_STORE = {"replay": "artstore.training.replay", "rescore": "artstore.training.rescore"}
+_ON_A_STORE = {
+    "replay": "artstore.training.replay",
+    "rescore": "artstore.training.rescore",
+    # Loops of your own: ART's objects in and out, train steps, runs.
+    "record_group": "artstore.training.recording",
+    "group_recorder": "artstore.training.recording",
+    "run_groups": "artstore.training.run_groups",
+    "unconsumed_groups": "artstore.training.run_groups",
+    "recording_backend": "artstore.training.backend",
+    "durable_rollouts": "artstore.training.durable",
+    "pipeline_trainer": "artstore.training.pipeline",
+    "start_run": "artstore.training.runs",
+    "finish_run": "artstore.training.runs",
+}
 
 
 def __getattr__(name: str):
@@ -59,8 +72,17 @@ __all__ = [
     "TrainingFramework",
     "WrongExpectedVersionError",
     "__version__",
+    "durable_rollouts",
+    "finish_run",
+    "group_recorder",
     "open_store",
+    "pipeline_trainer",
+    "record_group",
+    "recording_backend",
     "replay",
     "rescore",
+    "run_groups",
+    "start_run",
     "train",
+    "unconsumed_groups",
 ]

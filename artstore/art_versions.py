@@ -8,8 +8,15 @@ artstore supports two lines of `openpipe-art` 0.5, and every other module has on
 - ART 0.5.20 and later (Python >= 3.12; 0.5.23 tested): `TrainableModel(run_name=...)` is
   required and names the checkpoint lineage (`name` is the serving alias); `LegacyHistory`
   replaced `History` for `additional_histories`; `Trajectory.exchanges` holds ART's own
-  capture of raw requests and responses; parquet format 2 is lossless; `PipelineTrainer`;
-  `LocalBackend.train` takes more keywords; rewards within 1e-12 count as equal.
+  capture of raw requests and responses; parquet format 2 is lossless; `PipelineTrainer`
+  (whose LocalBackend check imports torch); `LocalBackend.train` takes more keywords;
+  `LocalTrainResult.checkpoint_ready` (the checkpoint path is recorded as returned);
+  rewards within 1e-12 count as equal.
+- Both: `backend.train(model, groups, **kwargs) -> TrainResult(step, metrics)`, then
+  `model.log(groups, metrics=..., step=..., split="train")`; `model.get_step()` is the
+  backend's step; RULER refuses trajectories with `additional_histories`; the exceptions
+  of a `TrajectoryGroup` are set after construction (0.5.18's constructor takes raised
+  exceptions only).
 
 Nothing here imports `art` at module import: the version comes from the package metadata,
 and ART's classes are imported when a function asks for them.
@@ -51,6 +58,11 @@ def art_version() -> tuple[int, ...]:
 
 def has_exchanges() -> bool:
     """ART >= 0.5.20: `Trajectory.exchanges`, `art.trajectory(...)` capture, `run_name`."""
+    return art_version() >= EXCHANGES_ART
+
+
+def has_pipeline_trainer() -> bool:
+    """ART >= 0.5.20: `art.pipeline_trainer.PipelineTrainer` (async rollouts and training)."""
     return art_version() >= EXCHANGES_ART
 
 

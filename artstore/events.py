@@ -9,7 +9,8 @@ Streams:
 
 - `run-<run>`: run started / resumed / finished (or `run.imported`, once per import);
 - `rollout-<rollout id>`: rollout started, one `llm.call` per LLM call, finished or failed
-  (an imported rollout ends with `trajectory.imported` instead of having LLM calls);
+  (an imported rollout ends with `trajectory.imported` instead of having LLM calls; a
+  trajectory a loop built itself is `trajectory.recorded`, just before `rollout.finished`);
 - `group-<group id>`: rewards per scorer, group sealed;
 - `train-<run>`: train step started / completed / failed / reconciled, checkpoint pushed.
 """
@@ -184,6 +185,9 @@ class GroupSealed(Event):
     validation_rollout_ids: list[str] = []
     failed_rollout_ids: list[str] = []
     metadata: dict[str, float | int | str | bool | None] = {}
+    # Sealed from an `art.TrajectoryGroup` a loop built: blob hash of the group's own
+    # metadata, metrics, logs and exceptions, as the group held them (key order kept).
+    art_group: str | None = None
 
 
 @event_type("rewards.recorded")
@@ -262,7 +266,7 @@ class RunImported(Event):
 
 
 class ImportedHistory(BaseModel):
-    """One history of an imported trajectory, its items as content-addressed blobs."""
+    """One history of an imported or recorded trajectory, its items as content-addressed blobs."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -293,6 +297,29 @@ class TrajectoryImported(Event):
     split: str | None = None  # parquet: `trajectories/<split>/<step>.parquet`
     step: int | None = None
     group_index: int | None = None
+
+
+# --- trajectories a loop built (record_group, the recording backend, PipelineTrainer) ----
+
+
+@event_type("trajectory.recorded")
+class TrajectoryRecorded(Event):
+    """An `art.Trajectory` a loop built itself, stored whole and exactly.
+
+    Comes just before the rollout's `rollout.finished`, so a finished rollout always has
+    it. `histories[0]` is `messages_and_choices` (Choice objects whole, logprobs included),
+    the others `additional_histories`, each with its tools. Blobs keep key order: what
+    the trajectory held comes back as it was, dict for dict.
+    """
+
+    rollout_id: str
+    histories: list[ImportedHistory]
+    exchanges: str | None = None  # blob: `Trajectory.exchanges` (ART >= 0.5.20) as JSON
+    details: str  # blob: {"metrics", "metadata", "logs"} of the trajectory, in its order
+    reward: float  # the trajectory's reward when it was recorded (scored rewards: groups)
+    initial_policy_version: int | None = None
+    final_policy_version: int | None = None
+    start_time: str | None = None  # `Trajectory.start_time`, ISO 8601 as it was
 
 
 def encode_event(event: Event) -> tuple[str, dict[str, Any]]:

@@ -83,6 +83,7 @@ class Store(EventStore):
     ) -> dict[str, art.Trajectory]:
         """Several trajectories at once (one query for all their events and messages)."""
         from artstore.projections.imported import blob_hashes, imported_trajectory, load_bodies
+        from artstore.projections.recorded import recorded_blob_hashes, recorded_trajectory
         from artstore.projections.trajectories import (
             StoredCalls,
             build_trajectory,
@@ -91,24 +92,39 @@ class Store(EventStore):
 
         ids = list(dict.fromkeys(rollout_ids))
         streams = await self.read_streams(f"rollout-{rollout_id}" for rollout_id in ids)
-        # Imported rollouts (`artstore import`) hold their histories in `trajectory.imported`.
-        imported = {
-            e.stream_id.removeprefix("rollout-"): e.decode()
-            for stream in streams.values()
-            for e in stream
-            if e.type == "trajectory.imported"
-        }
+        # Imported rollouts (`artstore import`) hold their histories in `trajectory.imported`,
+        # trajectories a loop built itself in `trajectory.recorded`.
+        stored: dict[str, dict[str, Any]] = {"trajectory.imported": {}, "trajectory.recorded": {}}
+        for stream in streams.values():
+            for e in stream:
+                if e.type in stored:
+                    stored[e.type][e.stream_id.removeprefix("rollout-")] = e.decode()
+        imported, recorded = stored["trajectory.imported"], stored["trajectory.recorded"]
+        hashes = blob_hashes(imported.values()) | recorded_blob_hashes(recorded.values())
         async with self.database.read() as connection:
             calls = await connection.run_sync(StoredCalls.load, ids)  # parsed one rollout at a time
             rewards = await latest_rewards(connection, ids, scorer)
-            bodies = await connection.run_sync(load_bodies, blob_hashes(imported.values()))
+            bodies = await connection.run_sync(load_bodies, hashes)
         result = {}
         for rollout_id in ids:
-            recorded = streams[f"rollout-{rollout_id}"]
-            if not recorded:
+            recorded_stream = streams[f"rollout-{rollout_id}"]
+            if not recorded_stream:
                 raise NotFoundError(f"no rollout {rollout_id!r} in this store")
-            started = recorded[0].decode()
-            finished = next((e.decode() for e in recorded if e.type == "rollout.finished"), None)
+            if rollout_id in recorded:
+                # Without a scorer's reward: the reward the trajectory was recorded with
+                # (a scorer was named: 0.0, as for any rollout it has not scored).
+                found = rewards.get(rollout_id)
+                result[rollout_id] = recorded_trajectory(
+                    recorded[rollout_id],
+                    bodies,
+                    reward=found[0] if found else (None if scorer is None else 0.0),
+                    reward_metrics=found[1] if found else None,
+                )
+                continue
+            started = recorded_stream[0].decode()
+            finished = next(
+                (e.decode() for e in recorded_stream if e.type == "rollout.finished"), None
+            )
             reward, reward_metrics = rewards.get(rollout_id, (0.0, {}))
             build = (
                 partial(imported_trajectory, imported[rollout_id], bodies)

@@ -244,6 +244,7 @@ async def test_wrap_rollout_returns_what_arts_wrap_rollout_returns(store, tmp_pa
         ours = await wrap_rollout(store, model, research, scenario=lambda init, q: {"question": q})(
             init_chat_model, question
         )
+    stamped = ours.metadata.pop("artstore_rollout_id")  # which rollout it is (ART has no store)
 
     assert without_random_ids(dump_trajectory(ours)) == without_random_ids(dump_trajectory(arts))
     assert ours.reward == 1.0 and ours.metadata == {"question": question}
@@ -251,6 +252,7 @@ async def test_wrap_rollout_returns_what_arts_wrap_rollout_returns(store, tmp_pa
     assert_trainable(ours)
 
     (rollout_id,) = (await _rows(store, select(t.rollouts.c.rollout_id)))[0]
+    assert stamped == rollout_id
     stored = await store.trajectory(rollout_id)
     assert stored.metrics == ours.metrics and stored.metadata == ours.metadata
     assert dump_history(stored.messages_and_choices) == dump_history(ours.messages_and_choices)

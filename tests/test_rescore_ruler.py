@@ -91,7 +91,11 @@ async def test_ruler_scores_are_recorded_and_nothing_ruler_drops_is_lost(store, 
             assert trajectory.metrics["ruler_score"] == reward
             assert trajectory.metrics["independent_reward"] == run_reward
             assert trajectory.metrics["num_tool_calls"] == len(result["tools_used"])
-            assert trajectory.metadata == {"animal": animal}
+            assert trajectory.metadata == {
+                "animal": animal,
+                "artstore_rollout_id": rollout_id,  # where it is in the store
+                "artstore_group_id": group_id,
+            }
             assert trajectory.logs == [f"answered: {result['answer']}"]
             assert trajectory.tools and trajectory.messages_and_choices
     # A second model trains on RULER's scores.
@@ -112,3 +116,43 @@ async def test_a_failing_judge_names_the_group_and_records_nothing_for_it(store,
     assert f"group {trained.group_ids[0]}" in str(raised.value)
     with pytest.raises(Exception, match="no reward by scorer 'ruler'"):
         await load_groups(store, trained.group_ids, "ruler")
+
+
+def tool_call(name: str) -> dict:
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call_{name}",
+                "type": "function",
+                "function": {"name": name, "arguments": "{}"},
+            }
+        ],
+    }
+
+
+async def test_ruler_judges_the_main_history_of_trajectories_with_additional_ones(store, judge):
+    """ART's RULER refuses additional histories; the scorer judges the main one instead."""
+    import art
+
+    from artstore.art_versions import history_class
+
+    def trajectory(main_tool: str | None, other_tool: str) -> art.Trajectory:
+        main = [{"role": "user", "content": "How many legs?"}]
+        if main_tool:
+            main.append(tool_call(main_tool))
+        other = history_class()(messages_and_choices=[tool_call(other_tool)])
+        return art.Trajectory(messages_and_choices=main, additional_histories=[other], reward=0)
+
+    group = art.TrajectoryGroup(
+        [trajectory("multiply", "legs_per_animal"), trajectory(None, "multiply")]
+    )
+    model = art.Model(name="judged", project="tests")
+    await artstore.record_group(store, group, run="tests/histories", model=model)
+
+    await artstore.rescore(store, "tests/histories", ruler_for(judge), "ruler")
+
+    (scored,) = await artstore.run_groups(store, "tests/histories", scorer="ruler")
+    assert [t.reward for t in scored.trajectories] == [0.9, 0.1]  # the other history unseen
+    assert [len(t.additional_histories) for t in scored.trajectories] == [1, 1]  # kept

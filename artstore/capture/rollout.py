@@ -146,6 +146,17 @@ class Rollout:
         """A line for the trajectory's `logs`, as `art.Trajectory.log`."""
         self.logs.append(message)
 
+    def record_event(self, event: Any, blobs: dict[str, str] | None = None) -> None:
+        """Append an event of this rollout's own stream (the trajectory a loop built).
+
+        Queued in order after the calls recorded so far; the block's exit waits for it.
+        """
+        if self.closed:
+            raise NoRolloutError(f"rollout {self.id} has already ended")
+        new = {h: body for h, body in (blobs or {}).items() if h not in self._sent_blobs}
+        self._append(event, new)
+        self._sent_blobs.update(new)
+
     # --- recording ----------------------------------------------------------------------
 
     def record_llm_call(

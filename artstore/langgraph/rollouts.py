@@ -45,6 +45,10 @@ def wrap_rollout(
     argument that is not a model (an object with an `inference_base_url`), or None. If
     `fn` raises, the rollout is recorded as failed, with the calls made before, and the
     exception reaches the caller.
+
+    The trajectory's metadata says which rollout it is (`artstore_rollout_id`, and
+    `artstore_group_id` with `group_id`): `artstore.record_group` seals it as it was
+    recorded, LLM calls included, rather than a copy.
     """
 
     @functools.wraps(fn)
@@ -77,8 +81,15 @@ def wrap_rollout(
             else:
                 rollout.result = result
         projected = await store.trajectory(rollout.id)
+        # Where it is in the store: `artstore.record_group` seals this rollout, not a copy.
+        projected.metadata["artstore_rollout_id"] = rollout.id
+        if group_id is not None:
+            projected.metadata["artstore_group_id"] = group_id
         if not isinstance(result, Trajectory):
             return projected
+        result.metadata.update(
+            {k: v for k, v in projected.metadata.items() if k.startswith("artstore_")}
+        )
         # What ART's create_messages_from_logs does to the trajectory `fn` returned.
         if projected.messages_and_choices:
             result.messages_and_choices = projected.messages_and_choices

@@ -30,9 +30,11 @@ from artstore.events import (
     TrainStepFailed,
     TrainStepStarted,
     TrajectoryImported,
+    TrajectoryRecorded,
 )
 from artstore.eventstore.store import RecordedEvent, recorded_from_row
 from artstore.projections.imported import blob_hashes, imported_message_rows, load_bodies
+from artstore.projections.recorded import recorded_blob_hashes
 from artstore.projections.trajectories import load_calls, merge_conversations, message_rows
 from artstore.schema import tables as t
 
@@ -103,19 +105,45 @@ def rebuild(connection: Connection, page_size: int = 2000) -> int:
 
 @handles(RunStarted)
 def _run_started(c: Connection, e: RunStarted, r: RecordedEvent) -> None:
+    values = {
+        "project": e.project,
+        "model": e.model,
+        "base_model": e.base_model,
+        "validation_model": e.validation_model,
+        "scorer": e.scorer,
+        "status": "running",
+        "config": e.config,
+        "num_scenarios": len(e.scenarios),
+        "trainer": e.trainer,
+    }
+    # A run some rollouts, groups or steps were recorded under before it was started
+    # has a row already (`_implicit_run`): the start says what the run is.
+    found = c.execute(update(t.runs).where(t.runs.c.run == e.run).values(**values)).rowcount
+    if not found:
+        c.execute(t.runs.insert().values(run=e.run, started_at=r.recorded_at, **values))
+
+
+def _implicit_run(c: Connection, run: str | None, model: str | None, at: Any) -> None:
+    """A run exists as soon as anything is recorded under its name.
+
+    Rollouts, groups and train steps recorded under a run nobody started (a loop of its
+    own, `wrap_rollout(..., run=...)`) make a row with what they say: the model
+    ("project/name" for a train step, the model's name for a rollout), status `recorded`,
+    the default scorer `reward`, and no configuration. `run.started` completes it.
+    """
+    if run is None or c.execute(select(t.runs.c.run).where(t.runs.c.run == run)).first():
+        return
+    project, _, name = (model or "").rpartition("/")
     c.execute(
         t.runs.insert().values(
-            run=e.run,
-            project=e.project,
-            model=e.model,
-            base_model=e.base_model,
-            validation_model=e.validation_model,
-            scorer=e.scorer,
-            status="running",
-            config=e.config,
-            num_scenarios=len(e.scenarios),
-            trainer=e.trainer,
-            started_at=r.recorded_at,
+            run=run,
+            project=project,
+            model=name or run,
+            scorer="reward",
+            status="recorded",
+            config={},
+            num_scenarios=0,
+            started_at=at,
         )
     )
 
@@ -144,6 +172,8 @@ def _run_finished(c: Connection, e: RunFinished, r: RecordedEvent) -> None:
 
 @handles(RolloutStarted)
 def _rollout_started(c: Connection, e: RolloutStarted, r: RecordedEvent) -> None:
+    if e.role == "policy":
+        _implicit_run(c, e.run, e.model, r.recorded_at)
     c.execute(
         t.rollouts.insert().values(
             rollout_id=e.rollout_id,
@@ -209,14 +239,31 @@ def _rollout_finished(c: Connection, e: RolloutFinished, r: RecordedEvent) -> No
 
 
 def _project_trajectory_messages(c: Connection, rollout_id: str) -> None:
-    calls = (load_calls(c, [rollout_id]))[rollout_id]
-    rows = message_rows(rollout_id, merge_conversations(calls))
+    recorded = _recorded_trajectory(c, rollout_id)
+    if recorded is not None:  # the loop's own trajectory, not one rebuilt from its calls
+        rows = imported_message_rows(recorded, load_bodies(c, recorded_blob_hashes([recorded])))
+    else:
+        calls = (load_calls(c, [rollout_id]))[rollout_id]
+        rows = message_rows(rollout_id, merge_conversations(calls))
     if rows:
         c.execute(t.trajectory_messages.insert(), _nul_free_tool_calls(rows))
 
 
 def _nul_free_tool_calls(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**row, "tool_calls": without_nul(row.get("tool_calls"))} for row in rows]
+
+
+def _recorded_trajectory(c: Connection, rollout_id: str) -> TrajectoryRecorded | None:
+    row = c.execute(
+        select(t.events)
+        .where(
+            t.events.c.stream_id == f"rollout-{rollout_id}",
+            t.events.c.type == TrajectoryRecorded.type,
+        )
+        .order_by(t.events.c.version.desc())
+        .limit(1)
+    ).first()
+    return None if row is None else recorded_from_row(row).decode()  # type: ignore[return-value]
 
 
 @handles(RolloutFailed)
@@ -239,6 +286,20 @@ def _rollout_failed(c: Connection, e: RolloutFailed, r: RecordedEvent) -> None:
 
 @handles(GroupSealed)
 def _group_sealed(c: Connection, e: GroupSealed, r: RecordedEvent) -> None:
+    members = [*e.rollout_ids, *e.validation_rollout_ids, *e.failed_rollout_ids]
+    first = c.execute(
+        select(t.rollouts.c.model).where(t.rollouts.c.rollout_id.in_(members[:1]))
+    ).scalar()
+    _implicit_run(c, e.run, first, r.recorded_at)
+    # Rollouts recorded outside any group (`wrap_rollout`) belong to the group that
+    # sealed them, and to its run.
+    for column, value in (("group_id", e.group_id), ("run", e.run)):
+        if value is not None:
+            c.execute(
+                update(t.rollouts)
+                .where(t.rollouts.c.rollout_id.in_(members), t.rollouts.c[column].is_(None))
+                .values({column: value})
+            )
     c.execute(
         t.groups.insert().values(
             group_id=e.group_id,
@@ -279,6 +340,7 @@ def _rewards_recorded(c: Connection, e: RewardsRecorded, r: RecordedEvent) -> No
 
 @handles(TrainStepStarted)
 def _train_step_started(c: Connection, e: TrainStepStarted, r: RecordedEvent) -> None:
+    _implicit_run(c, e.run, e.model, r.recorded_at)
     c.execute(
         t.train_steps.insert().values(
             run=e.run,
@@ -333,6 +395,7 @@ def _train_step_completed(c: Connection, e: TrainStepCompleted, r: RecordedEvent
         "finished_at": r.recorded_at,
         "duration_s": e.duration_s,
     }
+    _implicit_run(c, e.run, e.model, r.recorded_at)
     step_id = _open_step_id(c, e.run, e.model)
     if step_id is None:  # reconciled after a crash, or recorded by a replay of its own
         c.execute(

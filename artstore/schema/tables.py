@@ -136,7 +136,8 @@ runs = Table(
     Column("base_model", NAME),
     Column("validation_model", NAME),
     Column("scorer", NAME, nullable=False),
-    Column("status", ProjectedText(20), nullable=False),  # running | finished | failed
+    # running | finished | failed | imported | recorded (only rollouts named it)
+    Column("status", ProjectedText(20), nullable=False),
     Column("config", Json, nullable=False),
     Column("num_scenarios", Integer, nullable=False),
     Column("trainer", NAME),

@@ -188,8 +188,17 @@ def rewards_event(
 async def load_groups(
     store: Store, group_ids: Sequence[str], scorer: str
 ) -> list[art.TrajectoryGroup]:
-    """ART trajectory groups (policy rollouts only) with the rewards of `scorer`."""
+    """ART trajectory groups (policy rollouts only) with the rewards of `scorer`.
+
+    A group recorded from an `art.TrajectoryGroup` comes back with its own metadata,
+    metrics, logs and exceptions; a group of the training loop with its id, run and
+    scenario index as metadata. Every trajectory says which rollout and group it is
+    (`artstore_rollout_id`, `artstore_group_id` in its metadata), and so does the group.
+    """
     import art
+    from art.trajectories import PydanticException
+
+    from artstore.projections.imported import load_bodies
 
     sealed = await sealed_groups(store, group_ids)
     missing = [g for g in group_ids if g not in sealed]
@@ -198,6 +207,9 @@ async def load_groups(
     all_ids = [rid for g in group_ids for rid in sealed[g].rollout_ids]
     trajectories = await store.trajectories(all_ids, scorer=scorer)
     scored = await scored_rollouts(store, all_ids, scorer)
+    art_groups = [e.art_group for e in sealed.values() if e.art_group]
+    async with store.database.read() as connection:
+        bodies = await connection.run_sync(load_bodies, art_groups)
     groups = []
     for group_id in group_ids:
         event = sealed[group_id]
@@ -207,12 +219,25 @@ async def load_groups(
                 f"group {group_id} has no reward by scorer {scorer!r} "
                 f"(score it with `artstore rescore --scorer {scorer}`)"
             )
-        metadata = {"group_id": group_id, "run": event.run, "scenario_index": event.scenario_index}
-        groups.append(
-            art.TrajectoryGroup(
-                [trajectories[rid] for rid in event.rollout_ids],
-                metadata={k: v for k, v in metadata.items() if v is not None},
+        members = [trajectories[rid] for rid in event.rollout_ids]
+        for rollout_id, trajectory in zip(event.rollout_ids, members, strict=True):
+            trajectory.metadata.update(artstore_rollout_id=rollout_id, artstore_group_id=group_id)
+        if event.art_group:
+            details = bodies[event.art_group]
+            group = art.TrajectoryGroup(
+                members,
+                metadata={**details["metadata"], "artstore_group_id": group_id},
+                metrics=details["metrics"],
+                logs=details["logs"],
             )
+            # Set, not given: ART 0.5.18's constructor takes exceptions as raised ones.
+            group.exceptions = [PydanticException(**e) for e in details["exceptions"]]
+            groups.append(group)
+            continue
+        metadata = {"group_id": group_id, "run": event.run, "scenario_index": event.scenario_index}
+        metadata = {k: v for k, v in metadata.items() if v is not None}
+        groups.append(
+            art.TrajectoryGroup(members, metadata={**metadata, "artstore_group_id": group_id})
         )
     return groups
 

@@ -49,6 +49,11 @@ def timestamp_text(value: datetime | None) -> str | None:
     return value.astimezone(UTC).strftime(TIMESTAMP_FORMAT)
 
 
+def model_name(run: Any) -> str:
+    """The run's model as "project/name" (its name alone when no project is known)."""
+    return f"{run.project}/{run.model}" if run.project else run.model
+
+
 def own_models(run: Any) -> set[str]:
     """The keys under which the run's own model trains ("project/name")."""
     return {f"{run.project}/{run.model}", run.model}
@@ -114,7 +119,7 @@ async def list_runs(store: Store) -> list[Row]:
         result.append(
             {
                 "run": run.run,
-                "model": f"{run.project}/{run.model}",
+                "model": model_name(run),
                 "status": "stale" if run.run in stale else run.status,
                 "steps": sum(n for n, _ in own_steps),
                 "step": max((last for _, last in own_steps if last is not None), default=None),
@@ -193,7 +198,7 @@ async def _run_section(c: AsyncConnection, info: Any) -> Row:
     by_batch = (await _batch_reward_means(c, info.run)).get(info.run, {})
     return {
         "run": info.run,
-        "model": f"{info.project}/{info.model}",
+        "model": model_name(info),
         "base_model": info.base_model,
         "validation_model": info.validation_model,
         "scorer": info.scorer,

@@ -144,7 +144,32 @@ async def plan_replay(
     consumed = await consumed_groups(store, model, ids)
     plan.consumed = len(consumed)
     rewards = await _policy_rewards(store, [g for g in ids if g not in consumed], scorer)
-    size = groups_per_step or info.config.get("batch_size") or 1
+    trained_at = await _own_steps(store, info)
+
+    def batch_key(group: Any) -> tuple[str, int] | None:
+        """What makes a batch of the run: its batch index, else the step of the run's own
+        model that trained the group (a loop of its own, PipelineTrainer), else the
+        policy step that made it; None when the run says nothing."""
+        if group.batch is not None:
+            return ("batch", group.batch)
+        if group.group_id in trained_at:
+            return ("trained", trained_at[group.group_id])
+        policy_step = policy_steps.get(group.group_id)
+        return None if policy_step is None else ("policy", policy_step)
+
+    kinds = {"batch": 0, "trained": 1, "policy": 2}
+    groups = sorted(
+        groups,
+        key=lambda g: (
+            (3, 0) if batch_key(g) is None else (kinds[batch_key(g)[0]], batch_key(g)[1]),
+            g.scenario_index is None,
+            g.scenario_index or 0,
+        ),
+    )
+    # Steps follow the run's batches; `groups_per_step` (or the run's `batch_size`) bounds
+    # them. A run whose batches say nothing trains in steps of `groups_per_step`, or all
+    # its groups in one step.
+    size = groups_per_step or info.config.get("batch_size")
     current_batch: Any = object()
     for group in groups:
         if group.group_id in consumed:
@@ -152,8 +177,8 @@ async def plan_replay(
         if group.group_id not in rewards:
             plan.unscored.append(group.group_id)
             continue
-        new_step = not plan.steps or len(plan.steps[-1]) >= size
-        if groups_per_step is None and group.batch != current_batch:
+        new_step = not plan.steps or (size is not None and len(plan.steps[-1]) >= size)
+        if groups_per_step is None and batch_key(group) != current_batch:
             new_step = True
         step_index = len(plan.steps) if new_step else len(plan.steps) - 1
         policy_step = policy_steps.get(group.group_id)
@@ -174,8 +199,20 @@ async def plan_replay(
             plan.steps.append([])
         planned.step = step_index
         plan.steps[-1].append(planned)
-        current_batch = group.batch
+        current_batch = batch_key(group)
     return plan
+
+
+async def _own_steps(store: Store, info: Any) -> dict[str, int]:
+    """Group id -> the step of the run's own model that trained it."""
+    from artstore.training.overview import own_models
+
+    query = select(t.group_consumptions.c.group_id, t.group_consumptions.c.step).where(
+        t.group_consumptions.c.run == info.run,
+        t.group_consumptions.c.model.in_(sorted(own_models(info))),
+    )
+    async with store.database.read() as connection:
+        return {row.group_id: row.step for row in await connection.execute(query)}
 
 
 async def _policy_rewards(

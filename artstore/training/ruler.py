@@ -22,6 +22,12 @@ rollouts' own events, from which the trajectories are projected whenever they ar
 trained. RULER's `ruler_score` and `independent_reward` (the reward of the run's scorer)
 are recorded as reward metrics. Its explanations (free text) are not recorded: reward
 metrics are numbers.
+
+RULER (ART 0.5.18 and 0.5.23 alike) refuses trajectories with `additional_histories`
+("not supported by RULER yet"). This scorer judges each trajectory by its main history
+(`messages_and_choices`, or ART's exchanges) and leaves the other histories out of the
+judge's prompt; the stored trajectories keep them. A trajectory with no main history to
+judge is a RewardFunctionError naming it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from artstore.art_versions import has_exchange_data
 from artstore.errors import RewardFunctionError
 from artstore.training.rescore import RewardFunction, Rewards
 
@@ -71,8 +78,17 @@ def ruler_reward(
         if not trajectories:
             return Rewards([])
         model = judge_model or os.environ.get(JUDGE_MODEL_ENV) or DEFAULT_JUDGE_MODEL
+        judged = []
+        for index, trajectory in enumerate(trajectories):
+            if not trajectory.messages_and_choices and not has_exchange_data(trajectory):
+                raise RewardFunctionError(
+                    f"trajectory {index} has no main history (messages_and_choices) for "
+                    "RULER to judge"
+                )
+            # RULER refuses additional histories: it judges the main one.
+            judged.append(trajectory.model_copy(update={"additional_histories": []}))
         scored = await ruler_score_group(
-            art.TrajectoryGroup(trajectories),
+            art.TrajectoryGroup(judged),
             judge_model=model,
             extra_litellm_params=extra_litellm_params,
             rubric=rubric or DEFAULT_RUBRIC,

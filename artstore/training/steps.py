@@ -14,7 +14,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
@@ -170,17 +170,23 @@ async def _log_step(model: Any, groups: list[Any], step: int, metrics: Any = Non
         log.warning("model.log failed after step %s: %s", step, exc)
 
 
-async def train_groups(
+async def record_step(
     store: Store,
     *,
     run: str,
     model: art.TrainableModel,
     group_ids: Sequence[str],
     scorer: str,
-    train_kwargs: dict[str, Any] | None = None,
+    train: Callable[[], Awaitable[art.TrainResult]],
+    before_completed: Callable[[art.TrainResult], Awaitable[None]] | None = None,
 ) -> art.TrainResult:
-    """One train step on `group_ids`: recorded, trained, logged, and its checkpoint pushed."""
-    groups = await load_groups(store, group_ids, scorer)
+    """One train step: `train_step.started`, `train()`, then `train_step.completed`.
+
+    The completion consumes the groups in its transaction (a group already consumed by
+    the model refuses it, invariant 4). If `train()` raises, `train_step.failed` is
+    recorded, the groups stay unconsumed, and the exception propagates.
+    `before_completed(result)` runs between the two (ART's `model.log`).
+    """
     step_before = await model.get_step()
     await store.append(
         train_stream(run),
@@ -197,7 +203,7 @@ async def train_groups(
     )
     clock = time.monotonic()
     try:
-        result = await model.backend().train(model, groups, **(train_kwargs or {}))
+        result = await train()
     except Exception as exc:
         await store.append(
             train_stream(run),
@@ -208,20 +214,14 @@ async def train_groups(
                     step=step_before,
                     group_ids=list(group_ids),
                     error_type=type(exc).__name__,
-                    error_message=str(exc),
+                    error_message=store.redact(str(exc)),
                 )
             ],
         )
-        raise TrainStepError(
-            store.redact(
-                f"backend.train failed at step {step_before + 1} of run {run!r}: "
-                f"{type(exc).__name__}: {exc} (the groups stay unconsumed; resume to retry)"
-            )
-        ) from exc
+        raise
     duration_s = time.monotonic() - clock
-    # ART's own history before the record: a crash in between logs the step again on
-    # resume (the same parquet file, rewritten) rather than never.
-    await _log_step(model, groups, result.step, result.metrics)
+    if before_completed is not None:
+        await before_completed(result)
     checkpoint = getattr(result, "checkpoint_path", None) or getattr(result, "artifact_name", None)
     await store.append(
         train_stream(run),
@@ -234,10 +234,69 @@ async def train_groups(
                 scorer=scorer,
                 metrics=_finite_metrics(result.metrics),
                 duration_s=duration_s,
-                checkpoint=checkpoint,
+                checkpoint=checkpoint if isinstance(checkpoint, str) else None,
             )
         ],
     )
+    return result
+
+
+def unrecorded_backend(model: Any) -> Any:
+    """The model's backend, under the recording backend if it is wrapped in one.
+
+    The training loop and replay record their steps themselves: through the recording
+    backend, a step would be recorded twice.
+    """
+    backend = model.backend()
+    return getattr(backend, "unrecorded", backend)
+
+
+async def train_groups(
+    store: Store,
+    *,
+    run: str,
+    model: art.TrainableModel,
+    group_ids: Sequence[str],
+    scorer: str,
+    train_kwargs: dict[str, Any] | None = None,
+) -> art.TrainResult:
+    """One train step on `group_ids`: recorded, trained, logged, and its checkpoint pushed."""
+    groups = await load_groups(store, group_ids, scorer)
+    backend = unrecorded_backend(model)
+
+    async def log(result: art.TrainResult) -> None:
+        # ART's own history before the record: a crash in between logs the step again
+        # on resume (the same parquet file, rewritten) rather than never.
+        await _log_step(model, groups, result.step, result.metrics)
+
+    failed: list[int] = []
+
+    async def train() -> art.TrainResult:
+        try:
+            return await backend.train(model, groups, **(train_kwargs or {}))
+        except Exception:
+            failed.append(await model.get_step())
+            raise
+
+    try:
+        result = await record_step(
+            store,
+            run=run,
+            model=model,
+            group_ids=group_ids,
+            scorer=scorer,
+            train=train,
+            before_completed=log,
+        )
+    except Exception as exc:
+        if not failed:
+            raise
+        raise TrainStepError(
+            store.redact(
+                f"backend.train failed at step {failed[0] + 1} of run {run!r}: "
+                f"{type(exc).__name__}: {exc} (the groups stay unconsumed; resume to retry)"
+            )
+        ) from exc
     await push_checkpoint(store, run=run, model=model, step=result.step)
     return result
 

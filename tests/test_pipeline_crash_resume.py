@@ -1,0 +1,197 @@
+"""ART's PipelineTrainer on the store, killed at every point and resumed (ART >= 0.5.20).
+
+tests/pipeline_crash_driver.py runs `artstore.pipeline_trainer(store, ...)` over 12 scenarios
+(groups of 2, batches of 2 groups, 2 rollout workers) and SIGKILLs itself at a chosen
+point; the test runs it again and again until it completes:
+
+    rollout:3          a group half rolled out (nothing of it is recorded yet)
+    sealed:2           a group recorded and queued, not trained
+    train-start:1      inside backend.train, before it wrote anything
+    sealed:1           another group recorded and queued
+    train-end:1        inside backend.train, after the new checkpoint was written
+    before-completed:1 backend.train returned, train_step.completed not yet appended
+    after-completed:1  train_step.completed committed
+    before-finished:1  everything trained, run.finished not yet appended
+
+ART's own resume would skip the scenarios counted as pulled (queued and in-flight groups
+lost). Here: every scenario has exactly one group, a scenario whose group was recorded is
+never rolled out again, every group with reward spread is trained exactly once (the
+store and the backend's checkpoints agree), and a group recorded before a crash is
+trained before any group rolled out after it. The module also runs
+examples/pipeline_trainer.py. On an older ART the whole module is skipped (once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_crash_resume import snapshot
+from training_helpers import projections, rows
+
+import artstore
+from artstore.art_versions import has_pipeline_trainer, rewards_have_zero_variance
+from artstore.backends import CheckOnlyBackend
+from artstore.schema import tables as t
+
+if not has_pipeline_trainer():  # one module-level skip: no PostgreSQL test is skipped
+    pytest.skip("ART's PipelineTrainer needs openpipe-art >= 0.5.20", allow_module_level=True)
+
+PLAN = [
+    "rollout:3",
+    "sealed:2",
+    "train-start:1",
+    "sealed:1",
+    "train-end:1",
+    "before-completed:1",
+    "after-completed:1",
+    "before-finished:1",
+]
+
+
+@pytest.fixture(scope="module")
+def processes() -> Any:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["pipeline_crash_driver", "art", "art.pipeline_trainer"])
+    return context
+
+
+def run_driver(processes: Any, url: str, workdir: Path, number: int) -> int | None:
+    import pipeline_crash_driver as driver
+
+    log = workdir / f"log-{number}.txt"
+    child = processes.Process(
+        target=driver.main, args=(url, str(workdir), ",".join(PLAN), str(log))
+    )
+    child.start()
+    child.join(timeout=180)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail(f"pipeline run {number} hung; its log:\n{log.read_text()}")
+    return child.exitcode
+
+
+async def test_pipeline_trainer_killed_at_every_point_loses_no_group(
+    database_url: str, tmp_path: Path, processes: Any
+) -> None:
+    workdir = tmp_path / "pipeline"
+    workdir.mkdir()
+    seen: list[dict[str, set[str]]] = []
+    exit_codes = []
+    async with await artstore.open_store(database_url) as store:
+        for number in range(len(PLAN) + 1):
+            code = await asyncio.to_thread(run_driver, processes, database_url, workdir, number)
+            exit_codes.append(code)
+            if code == 0:
+                break
+            log = (workdir / f"log-{number}.txt").read_text()
+            assert code == -9, f"run {number} exited {code}, not by SIGKILL:\n{log}"
+            seen.append(await snapshot(store))
+        fired = [(workdir / f"fired-{i}").read_text() for i in range(len(PLAN))]
+        assert fired == PLAN, exit_codes
+        await check_run(store, seen, workdir)
+
+
+async def check_run(store: artstore.Store, seen: list[dict[str, set[str]]], workdir: Path) -> None:
+    import art
+    import pipeline_crash_driver as driver
+
+    from artstore.training.pipeline import pipeline_group_id
+
+    (run,) = await rows(store, t.runs)
+    assert (run.run, run.status) == (driver.RUN, "finished")
+    assert run.config["trainer"] == "PipelineTrainer"
+    index_of = {pipeline_group_id(driver.RUN, i): i for i in range(driver.NUM_SCENARIOS)}
+    # One group per scenario, each of GROUP_SIZE finished rollouts, nothing else finished.
+    groups = {g.group_id: g for g in await rows(store, t.groups)}
+    assert set(groups) == set(index_of)
+    assert all(groups[g].scenario_index == i for g, i in index_of.items())
+    rollouts = await rows(store, t.rollouts)
+    assert Counter(r.group_id for r in rollouts if r.status == "finished") == dict.fromkeys(
+        index_of, driver.GROUP_SIZE
+    )
+    # A scenario whose group was recorded before a crash was never rolled out again.
+    completions = Counter(
+        tuple(map(int, line.split()))
+        for line in (workdir / "completions.txt").read_text().splitlines()
+    )
+    for crash, snap in enumerate(seen):
+        for group_id in snap["sealed"]:
+            index = index_of[group_id]
+            later = [n for (number, i), n in completions.items() if i == index and number > crash]
+            assert not later, (crash, index_of[group_id])
+    totals: Counter[int] = Counter()
+    for (_, index), n in completions.items():
+        totals[index] += n
+    assert max(totals.values()) > driver.GROUP_SIZE  # a half-done group was rolled out again
+
+    # Every group with reward spread trained exactly once; the backend agrees.
+    loaded = await artstore.run_groups(store, driver.RUN)
+    spread = {
+        g.metadata["artstore_group_id"]
+        for g in loaded
+        if not rewards_have_zero_variance([t.reward for t in g.trajectories])
+    }
+    consumptions = await rows(store, t.group_consumptions)
+    assert sorted(c.group_id for c in consumptions) == sorted(spread)
+    steps = await rows(store, t.train_steps)
+    completed = sorted((s for s in steps if s.status == "completed"), key=lambda s: s.step)
+    assert [s.step for s in completed] == list(range(1, len(completed) + 1))
+    assert sum(s.reconciled for s in completed) == 2  # train-end, before-completed
+    assert [s.error_type for s in steps if s.status == "failed"] == ["TrainerStopped"]
+    backend = CheckOnlyBackend(path=workdir / "art")
+    model = art.TrainableModel(
+        name=driver.MODEL_NAME, run_name=driver.MODEL_NAME, project=driver.PROJECT, base_model="b"
+    )
+    in_checkpoints: Counter[str] = Counter()
+    for step in completed:
+        record = backend.read_checkpoint(model, step.step)
+        trained = [m["artstore_group_id"] for m in record["group_metadata"]]
+        assert sorted(trained) == sorted(step.group_ids)
+        in_checkpoints.update(trained)
+    assert in_checkpoints == Counter(spread)
+
+    # After each restart, the groups recorded before it and not trained are trained first.
+    consumed: set[str] = set()
+    sealed_so_far: set[str] = set()
+    waiting: set[str] = set()
+    restarts_with_leftovers = 0
+    async for recorded in store.iter_all(
+        types=["run.resumed", "group.sealed", "train_step.completed"]
+    ):
+        if recorded.type == "group.sealed":
+            sealed_so_far.add(recorded.data["group_id"])
+        elif recorded.type == "run.resumed":
+            waiting = (sealed_so_far - consumed) & spread
+            restarts_with_leftovers += bool(waiting)
+        else:
+            trained = set(recorded.data["group_ids"])
+            assert trained <= waiting or waiting <= trained, (trained, waiting)
+            waiting -= trained
+            consumed |= trained
+    assert restarts_with_leftovers >= 2  # sealed:2 and sealed:1 left a queued group
+    before = await projections(store)
+    await store.rebuild_projections()
+    assert await projections(store) == before
+
+
+async def test_the_pipeline_trainer_example_runs(database_url, tmp_path):
+    from test_examples import finish, start
+
+    output = await asyncio.to_thread(finish, start("pipeline_trainer.py", database_url, tmp_path))
+    assert "trained to step" in output
+    async with await artstore.open_store(database_url) as store:
+        (run,) = await rows(store, t.runs)
+        groups = await rows(store, t.groups)
+        consumed = await rows(store, t.group_consumptions)
+        steps = [s for s in await rows(store, t.train_steps) if s.status == "completed"]
+        before = await projections(store)
+        await store.rebuild_projections()
+        assert await projections(store) == before
+    assert (run.run, run.status, len(groups)) == ("examples/pipeline", "finished", 8)
+    assert steps and len(consumed) <= len(groups)
