@@ -178,15 +178,6 @@ def captured_exchanges(trajectory: Any, endpoint: str) -> list[Any]:
     return list(getattr(trajectory.exchanges, endpoint, []))
 
 
-def takes_exchanges(trajectory: Any) -> bool:
-    """ART's rule: exchanges go only into a trajectory without legacy histories."""
-    return not (
-        trajectory.messages_and_choices
-        or trajectory.tools is not None
-        or trajectory.additional_histories
-    )
-
-
 def build_exchange(
     endpoint: str, request: dict[str, Any], body: bytes, *, start_time: datetime, end_time: datetime
 ) -> Any:

@@ -202,6 +202,15 @@ def _begin(request: httpx.Request) -> _Capture | None:
     from artstore.capture.rollout import current_rollout
 
     rollout = current_rollout()
+    try:
+        return _capture_for(rollout, request)
+    except Exception as exc:  # never the agent's problem; the rollout's block raises it
+        if rollout is not None:
+            rollout._capture_failed(exc)
+        return None
+
+
+def _capture_for(rollout: Rollout | None, request: httpx.Request) -> _Capture | None:
     if rollout is None or rollout.closed or request.method != "POST":
         return None
     endpoint = docs.endpoint_for_url(str(request.url))
@@ -237,6 +246,13 @@ class _Capture:
 
     def received(self, response: httpx.Response, *, streaming: bool) -> None:
         """The response's head arrived (and, unless streamed, its whole body)."""
+        try:
+            self._received(response, streaming=streaming)
+        except Exception as exc:  # never the agent's problem; the rollout's block raises it
+            self.done = True
+            self.rollout._capture_failed(exc)
+
+    def _received(self, response: httpx.Response, *, streaming: bool) -> None:
         self.status = response.status_code
         if streaming and not response.is_stream_consumed:
             setattr(response, _CAPTURE, self)  # the body is recorded as it is read
@@ -251,6 +267,13 @@ class _Capture:
     def add(self, chunk: bytes) -> None:
         if self.done:
             return
+        try:
+            self._add(chunk)
+        except Exception as exc:  # never the agent's problem; the rollout's block raises it
+            self.done = True
+            self.rollout._capture_failed(exc)
+
+    def _add(self, chunk: bytes) -> None:
         start = max(0, len(self.body) - 32)
         self.body.extend(chunk)
         if (
