@@ -151,6 +151,8 @@ class Redactor:
         (the sampled token is usually among them); logprob values are kept. Returns a new
         list, or None when no secret is spelled.
         """
+        if not self._may_spell_secret(entries):
+            return None
         texts = [_token_bytes(entry) for entry in entries]
         rewritten = self._rewrite(texts)
         if not rewritten:
@@ -169,12 +171,27 @@ class Redactor:
             result[index] = entry
         return result
 
+    def _may_spell_secret(self, entries: Sequence[dict[str, Any]]) -> bool:
+        """A quick look at the tokens' joined text (most answers spell no secret)."""
+        if not self._secrets:
+            return False
+        try:
+            joined = "".join([entry["token"] for entry in entries])
+        except (KeyError, TypeError):
+            return True  # unusual entries: look at them closely
+        if "token_id:" in joined:
+            return True  # vLLM's `token_id:N` tokens: their text is in their bytes only
+        return any(secret in joined for secret in self._secrets)
+
 
 def _token_bytes(entry: Any) -> bytes:
     if not isinstance(entry, dict):
         return b""
     raw = entry.get("bytes")
-    if isinstance(raw, list) and all(isinstance(b, int) and 0 <= b < 256 for b in raw):
-        return bytes(raw)
+    if isinstance(raw, list):
+        try:
+            return bytes(raw)
+        except (TypeError, ValueError):
+            pass  # not bytes after all: the token's text says it
     token = entry.get("token")
     return token.encode(errors="surrogatepass") if isinstance(token, str) else b""

@@ -348,3 +348,62 @@ async def test_artstores_chat_model_is_recorded_once(store) -> None:
             await asyncio.to_thread(init_chat_model().invoke, "Weather in Rome?")
     events = [e.data for e in await store.read_stream(rollout.stream_id) if e.type == "llm.call"]
     assert [e["source"] for e in events] == ["langchain", "langchain"]
+
+
+async def test_projections_rebuild_the_same_with_superseded_calls(store) -> None:
+    """ART's wrapper (a record superseding the HTTP one) next to a plain client."""
+    import warnings
+
+    from art.langgraph import init_chat_model as art_init_chat_model
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import create_react_agent
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Get the weather for a city."""
+        return f"sunny in {city}"
+
+    async with LocalInferenceServer() as server:
+        model = art.Model(
+            name="agent",
+            project="tests",
+            inference_base_url=server.base_url,
+            inference_api_key=server.api_key,
+            inference_model_name="test-model",
+        )
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
+        async with store.rollout(model) as rollout:
+            with warnings.catch_warnings():  # create_react_agent: deprecated in LangGraph 1
+                warnings.simplefilter("ignore")
+                agent = create_react_agent(art_init_chat_model(), [get_weather])
+            await agent.ainvoke({"messages": [("user", "Weather in Oslo?")]})
+            await client.chat.completions.create(
+                model="test-model", messages=[{"role": "user", "content": "And Rome?"}]
+            )
+
+    async def tables() -> list[Any]:
+        calls = await rows(store, select(t.llm_calls).order_by(t.llm_calls.c.call_index))
+        messages = await rows(
+            store,
+            select(t.trajectory_messages).order_by(
+                t.trajectory_messages.c.history_index, t.trajectory_messages.c.message_index
+            ),
+        )
+        counts = await rows(store, select(t.rollouts.c.num_llm_calls))
+        return [tuple(r) for r in calls + messages + counts]
+
+    before = await tables()
+    calls = await rows(store, select(t.llm_calls).order_by(t.llm_calls.c.call_index))
+    assert [(c.call_index, c.source) for c in calls] == [
+        (0, "langchain"),
+        (1, "langchain"),
+        (2, "http"),
+    ]
+    trajectory = await store.trajectory(rollout.id)
+    assert len(trajectory.messages_and_choices) == 4  # user, tool call, tool, answer
+    assert trajectory.additional_histories[0].messages_and_choices[0] == {
+        "role": "user",
+        "content": "And Rome?",
+    }
+    await store.rebuild_projections()
+    assert await tables() == before

@@ -20,6 +20,9 @@ Why at the HTTP layer rather than by wrapping the openai SDK's `create`:
   response complete, ART has already put it in its trajectory, and artstore takes ART's
   start and end times from there (the event's `art_exchange` says ART captured it).
 
+Only httpx is hooked: a call made with `aiohttp` or `requests` (which ART's own capture
+also hooks) is not recorded.
+
 The hooks are installed once, lazily (at the first rollout), and record only while a
 rollout is current in the calling context (a context variable: concurrent rollouts never
 mix calls; `asyncio.to_thread` and LangGraph's threads copy the context). They never
