@@ -213,23 +213,74 @@ def chat_completion(
     return completion  # type: ignore[return-value]
 
 
-def call_summary(completion: ChatCompletion) -> dict[str, Any]:
-    """What an `llm.call` event copies for SQL: tokens, model, and its first choice."""
-    usage = completion.usage
+def call_summary(document: dict[str, Any]) -> dict[str, Any]:
+    """What an `llm.call` event copies for SQL: tokens, model, and the first choice.
+
+    Read from the stored chat completion's JSON (a stream's chunks are summed up the way
+    the client assembles them), without building the `ChatCompletion`: that costs more
+    than the rest of recording a call.
+    """
+    if "json" in document and isinstance(document["json"], dict):
+        body = document["json"]
+        usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+        choices = [c for c in body.get("choices") or [] if isinstance(c, dict)]
+        first = next((c for c in choices if c.get("index", 0) == 0), None)
+        message = (first or {}).get("message") or {}
+        logprobs = (first or {}).get("logprobs") or {}
+        calls = [
+            (c.get("id"), function.get("name"), function.get("arguments"))
+            for c in message.get("tool_calls") or []
+            if isinstance(c, dict) and isinstance(function := c.get("function") or {}, dict)
+        ]
+        count = sum(len(logprobs.get(key) or []) for key in ("content", "refusal"))
+        return _summary(body.get("model"), usage, first, calls, count)
+    model, usage, finish, count = None, {}, None, 0
+    streamed: dict[int, list[str]] = {}  # tool calls by their index, assembled
+    for _, data in document.get("sse", []):
+        if not isinstance(data, dict):
+            continue
+        model = model or data.get("model")
+        if isinstance(data.get("usage"), dict):
+            usage = data["usage"]
+        for choice in data.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            finish = choice.get("finish_reason") or finish
+            for key, found in (choice.get("logprobs") or {}).items():
+                if key in ("content", "refusal") and isinstance(found, list):
+                    count += len(found)
+            for call in (choice.get("delta") or {}).get("tool_calls") or []:
+                function = call.get("function") or {}
+                index = call.get("index") if isinstance(call.get("index"), int) else 0
+                known = streamed.setdefault(index, ["", "", ""])
+                known[0] += call.get("id") or ""
+                known[1] += function.get("name") or ""
+                known[2] += function.get("arguments") or ""
+    first = {"finish_reason": finish} if finish or streamed or count else None
+    listed = [tuple(streamed[index]) for index in sorted(streamed)]
+    return _summary(model, usage, first, listed, count)
+
+
+def _summary(
+    model: Any,
+    usage: dict[str, Any],
+    first: dict[str, Any] | None,
+    calls: list[tuple[Any, ...]],
+    num_logprobs: int,
+) -> dict[str, Any]:
     fields: dict[str, Any] = {
-        "model": completion.model or None,
-        "prompt_tokens": getattr(usage, "prompt_tokens", None),
-        "completion_tokens": getattr(usage, "completion_tokens", None),
+        "model": model if isinstance(model, str) and model else None,
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
     }
-    if completion.choices:
-        choice = completion.choices[0]
-        logprobs = choice.logprobs
+    if first is not None:
         fields |= {
-            "finish_reason": choice.finish_reason,
-            "tool_calls": call_summary_of_choice(choice),
-            "num_logprobs": len((logprobs.content or []) + (logprobs.refusal or []))
-            if logprobs
-            else 0,
+            "finish_reason": first.get("finish_reason"),
+            "tool_calls": [
+                {"id": i, "name": n, "args": parse_arguments(arguments)}
+                for i, n, arguments in calls
+            ],
+            "num_logprobs": num_logprobs,
         }
     return fields
 

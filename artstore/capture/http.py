@@ -56,7 +56,7 @@ from artstore import art_versions
 from artstore.capture import exchanges as docs
 from artstore.errors import NoRolloutError
 from artstore.events import LLMCall, new_id
-from artstore.eventstore.blobs import blob_hash, blob_json, load_blob
+from artstore.eventstore.blobs import blob_hash, blob_json
 
 if TYPE_CHECKING:
     from artstore.capture.rollout import Rollout
@@ -358,10 +358,11 @@ class _Capture:
             document = docs.response_document(body, stream=self.stream)
             document = docs.redact_response(document, redact, prompt_held_secret=prompt_held_secret)
             fields["output"] = blob(document)
-            stored = load_blob(blobs[fields["output"]])
-            response_id = docs.response_id(stored)
-            if self.endpoint == "chat_completions" and "text" not in stored:
-                summary = docs.call_summary(docs.chat_completion(stored))
+            response_id = docs.response_id(document)
+            if self.endpoint == "chat_completions":
+                summary = docs.call_summary(document)
+                if summary.get("tool_calls"):  # arguments as the model wrote them: secrets out
+                    summary["tool_calls"] = json.loads(redact(blob_json(summary["tool_calls"])))
                 fields |= {k: v for k, v in summary.items() if v is not None or k != "model"}
             fields |= self._art_exchange(response_id)
         return LLMCall(**fields), blobs, response_id

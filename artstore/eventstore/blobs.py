@@ -19,6 +19,8 @@ import hashlib
 import json
 from typing import Any
 
+import pydantic_core
+
 
 def canonical_json(value: Any) -> str:
     """One text per value: sorted keys, no spaces, and no NaN (not JSON, refused by PostgreSQL)."""
@@ -26,8 +28,15 @@ def canonical_json(value: Any) -> str:
 
 
 def blob_json(value: Any) -> str:
-    """The text of a blob: key order kept, no spaces, ASCII, non-finite floats kept."""
-    return json.dumps(value, separators=(",", ":"))
+    """The text of a blob: key order kept, no spaces, ASCII, non-finite floats kept.
+
+    Written by pydantic's serializer (twice as fast as `json.dumps` on a response with
+    hundreds of logprob entries); by `json.dumps` for what it refuses (a lone surrogate).
+    """
+    try:
+        return pydantic_core.to_json(value, ensure_ascii=True, inf_nan_mode="constants").decode()
+    except pydantic_core.PydanticSerializationError:
+        return json.dumps(value, separators=(",", ":"))
 
 
 def load_blob(body: str | bytes) -> Any:
