@@ -115,6 +115,27 @@ async def test_tool_schemas_keep_their_key_order(store) -> None:
     assert json.dumps(langchain.tools) == json.dumps(arts.tools)
 
 
+# --- messages as they were at each call -----------------------------------------------------
+
+
+async def test_a_message_edited_in_place_is_recorded_as_each_call_sent_it(store) -> None:
+    """An OpenAI client's request is recorded from its bytes: by value, at the call."""
+    from artstore.projections.trajectories import StoredCalls
+
+    async with LocalInferenceServer(lambda request, index: "Noted.") as server:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
+        question = {"role": "user", "content": [{"type": "text", "text": "Weather in Oslo?"}]}
+        messages: list[Any] = [question]
+        async with store.rollout(art_model(server)) as rollout:
+            await client.chat.completions.create(model="test-model", messages=messages)
+            question["content"][0]["text"] = "Weather in Rome?"  # the same dict, edited
+            await client.chat.completions.create(model="test-model", messages=messages)
+    async with store.database.read() as connection:
+        stored = (await connection.run_sync(StoredCalls.load, [rollout.id])).rollout(rollout.id)
+    texts = [call.request["messages"][0]["content"][0]["text"] for call in stored.http]
+    assert texts == ["Weather in Oslo?", "Weather in Rome?"]
+
+
 # --- non-finite logprobs ------------------------------------------------------------------------
 
 

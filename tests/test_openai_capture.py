@@ -407,3 +407,19 @@ async def test_projections_rebuild_the_same_with_superseded_calls(store) -> None
     }
     await store.rebuild_projections()
     assert await tables() == before
+
+
+async def test_a_stream_left_open_when_the_block_exits_is_a_failed_call(store) -> None:
+    async with LocalInferenceServer(chunk_interval_s=0.05) as server:
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
+        async with store.rollout("agent"):
+            stream = await client.chat.completions.create(
+                model="test-model",
+                messages=[{"role": "user", "content": "Tell me a long story please"}],
+                stream=True,
+            )
+            async for _ in stream:
+                break  # and never closed in the block
+        await stream.close()
+    (call,) = await rows(store, select(t.llm_calls))
+    assert call.error_type == "IncompleteStreamError" and call.streamed

@@ -257,15 +257,14 @@ class _Capture:
 
     def _received(self, response: httpx.Response, *, streaming: bool) -> None:
         self.status = response.status_code
-        if streaming and not response.is_stream_consumed:
-            setattr(response, _CAPTURE, self)  # the body is recorded as it is read
-            return
-        try:
-            self.add(response.content)
-        except httpx.ResponseNotRead:
-            setattr(response, _CAPTURE, self)
-            return
-        self.finish()
+        if not streaming or response.is_stream_consumed:
+            with contextlib.suppress(httpx.ResponseNotRead):
+                self.add(response.content)
+                self.finish()
+                return
+        setattr(response, _CAPTURE, self)  # the body is recorded as it is read
+        with self.rollout._numbering:
+            self.rollout._open_calls.add(self)
 
     def add(self, chunk: bytes) -> None:
         if self.done:
@@ -294,6 +293,8 @@ class _Capture:
             if self.done:
                 return
             self.done = True
+        with self.rollout._numbering:
+            self.rollout._open_calls.discard(self)
         finished_at = datetime.now(UTC)
         latency_s = time.perf_counter() - self.clock
         body, self.body = bytes(self.body), bytearray()

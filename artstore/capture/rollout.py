@@ -138,6 +138,7 @@ class Rollout:
         # Calls recorded from HTTP, by response id, that a LangChain record may supersede.
         self._http_calls: dict[str, list[LLMCall]] = {}
         self._claimed_exchanges: set[int] = set()  # ART exchanges matched to a call
+        self._open_calls: set[Any] = set()  # HTTP calls whose response is not complete yet
 
     @property
     def stream_id(self) -> str:
@@ -239,6 +240,13 @@ class Rollout:
                     self._claimed_exchanges.add(id(exchange))
                     return exchange
         return None
+
+    def _end_open_calls(self) -> None:
+        """Streams still open when the block exits: recorded as calls that did not complete."""
+        with self._numbering:
+            open_calls, self._open_calls = list(self._open_calls), set()
+        for call in open_calls:
+            call.finish()
 
     def _capture_failed(self, error: Exception) -> None:
         """A call could not be recorded: the block's exit raises it (nobody else can see it)."""
@@ -438,6 +446,7 @@ async def rollout(
             yield recorder
         finally:
             _reset(token, art_token)
+            recorder._end_open_calls()
             recorder.closed = True  # no new calls; those on their way are still recorded
         finished = RolloutFinished(
             rollout_id=recorder.id,
