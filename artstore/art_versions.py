@@ -8,7 +8,10 @@ artstore supports two lines of `openpipe-art` 0.5, and every other module has on
 - ART 0.5.20 and later (Python >= 3.12; 0.5.23 tested): `TrainableModel(run_name=...)` is
   required and names the checkpoint lineage (`name` is the serving alias); `LegacyHistory`
   replaced `History` for `additional_histories`; `Trajectory.exchanges` holds ART's own
-  capture of raw requests and responses; parquet format 2 is lossless; `PipelineTrainer`
+  capture of raw requests and responses (hooks on httpx inside `art.trajectory(...)`), and
+  its trainer trains exchange trajectories on inference-provided token ids only;
+  `model.openai_client()` asks vLLM for token ids and attaches them (and exact completion
+  token counts) to each returned `Choice`; parquet format 2 is lossless; `PipelineTrainer`
   (whose LocalBackend check imports torch); `LocalBackend.train` takes more keywords;
   `LocalTrainResult.checkpoint_ready` (the checkpoint path is recorded as returned);
   rewards within 1e-12 count as equal.
@@ -24,7 +27,10 @@ and ART's classes are imported when a function asks for them.
 
 from __future__ import annotations
 
+import contextvars
+import math
 import os
+from datetime import datetime
 from functools import cache
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -204,3 +210,186 @@ def parquet_format_version() -> int:
     importer reads both on either ART (`artstore.exchange.parquet`).
     """
     return 2 if has_exchanges() else 1
+
+
+# --- ART's own capture: `Trajectory.exchanges` (ART >= 0.5.20) -------------------------------
+
+#: The endpoints ART's capture knows, by the attribute of `TrajectoryExchanges` holding them.
+EXCHANGE_ENDPOINTS = ("chat_completions", "completions", "responses", "messages")
+
+
+def install_art_capture() -> None:
+    """Install ART's own httpx hooks now (ART >= 0.5.20; nothing on 0.5.18).
+
+    artstore's hooks are then installed around ART's, so that when artstore's see a
+    response complete, ART's have already put it in the trajectory it captures into.
+    """
+    if has_exchanges():
+        from art.trajectories._capture import install
+
+        install()
+
+
+def art_capture_target() -> Any:
+    """The `art.Trajectory` ART's own capture would put a call made now into, or None.
+
+    None on ART 0.5.18, outside `art.trajectory(...)` / `with art.Trajectory():`, and inside
+    `art.trajectories.no_capture()`.
+    """
+    if not has_exchanges():
+        return None
+    from art.trajectories import current_trajectory
+
+    return current_trajectory()
+
+
+def captured_exchanges(trajectory: Any, endpoint: str) -> list[Any]:
+    """The exchanges of one endpoint ART captured into `trajectory` so far."""
+    return list(getattr(trajectory.exchanges, endpoint, []))
+
+
+def build_exchange(
+    endpoint: str, request: dict[str, Any], body: bytes, *, start_time: datetime, end_time: datetime
+) -> Any:
+    """ART's own exchange for a request and the response body it got (ART >= 0.5.20)."""
+    from art.trajectories._protocols import build_exchange as art_build_exchange
+
+    return art_build_exchange(
+        endpoint,  # type: ignore[arg-type]
+        request,
+        body,
+        start_time=start_time,
+        end_time=end_time,
+    )
+
+
+def exchange_trajectory(exchanges: list[Any], **fields: Any) -> art.Trajectory:
+    """An `art.Trajectory` holding `exchanges` (and no legacy histories)."""
+    from art.trajectories import Trajectory, TrajectoryExchanges
+
+    grouped: dict[str, list[Any]] = {endpoint: [] for endpoint in EXCHANGE_ENDPOINTS}
+    for endpoint, exchange in exchanges:
+        grouped[endpoint].append(exchange)
+    return Trajectory(exchanges=TrajectoryExchanges(**grouped), **fields)
+
+
+# --- ART's `model.openai_client()` ------------------------------------------------------------
+
+
+def mark_art_client_calls(marker: contextvars.ContextVar[str | None]) -> None:
+    """Set `marker` while a call of ART's `model.openai_client()` runs (ART >= 0.5.20).
+
+    That client post-processes each chat completion before returning it (it attaches the
+    prompt and completion token ids and an exact completion token count to every
+    `Choice`), so what the agent holds is not what the HTTP response alone gives. The
+    marker holds the client's policy-span mode, which `art_client_postprocess` needs.
+    Installed once; 0.5.18's client returns responses as received.
+    """
+    if not has_exchanges():
+        return
+    from art import model as art_model
+
+    proxy = art_model._OpenAIChatCompletionsProxy
+    if getattr(proxy.create, "_artstore_marks", False):
+        return
+    original = proxy.create
+
+    async def create(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = marker.set(getattr(self, "_policy_span_mode", "none"))
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            marker.reset(token)
+
+    create._artstore_marks = True  # type: ignore[attr-defined]
+    proxy.create = create
+
+
+def art_client_postprocess(completion: Any, mode: str, request_model: Any) -> None:
+    """What ART's `model.openai_client()` does to a chat completion before returning it."""
+    from art.model import _attach_response_art_metadata
+
+    _attach_response_art_metadata(completion, None, mode, request_model)  # type: ignore[arg-type]
+
+
+# --- training exchange trajectories (CheckOnlyBackend) -----------------------------------------
+
+
+class _TokenizerNeeded(Exception):
+    pass
+
+
+class _NoTokenizer:
+    """A tokenizer that refuses to tokenize or render: exchange training must not need it.
+
+    It has no vocabulary either (no `convert_tokens_to_ids`, `decode`): what ART looks up
+    there (the model's stop tokens, to add one the server did not return) depends on the
+    real tokenizer, which a CPU check does not have.
+    """
+
+    name_or_path = "artstore-check-only"
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise _TokenizerNeeded
+
+    __call__ = apply_chat_template = encode = _refuse
+
+
+def check_exchange_trajectory(
+    trajectory: art.Trajectory, inference_name: str, *, allow_training_without_logprobs: bool
+) -> tuple[str, int]:
+    """(problem or "", trainable tokens) of an exchange trajectory, as ART's trainer sees it.
+
+    The steps of `tokenize_trajectory_groups` (art/preprocessing/tokenize.py) for a
+    trajectory with exchanges: the captured model the trained model serves is selected,
+    the exchanges are tokenized from the inference-provided token ids (no tokenizer is
+    given: a history that needs local tokenization or a rendered chat template is a
+    problem, as ART refuses it), and the first occurrence of each sampled token is
+    trainable and must carry a logprob.
+    """
+    from art.trajectories import TokenFlag, _FirstOccurrenceTrie
+    from art.trajectories._selection import (
+        automatic_training_model_selector,
+        resolve_training_model,
+    )
+    from art.trajectories._tokenize import (
+        _require_causal_predecessor,
+        _tokenize_trajectory_with_trace,
+    )
+
+    try:
+        selected = resolve_training_model(
+            trajectory, automatic_training_model_selector(inference_name)
+        )
+        tokenized, _ = _tokenize_trajectory_with_trace(
+            trajectory, model=selected, tokenizer=_NoTokenizer()
+        )  # type: ignore[arg-type]
+    except _TokenizerNeeded:
+        return (
+            "its exchanges need local tokenization; exchange training requires exact "
+            "inference-provided token ids (ask vLLM with return_token_ids)",
+            0,
+        )
+    except (ValueError, TypeError, RuntimeError, LookupError) as exc:
+        return f"its exchanges cannot be tokenized: {exc!r}", 0
+    if any(not flag & TokenFlag.EXACT for h in tokenized.histories for flag in h.flags):
+        return "exchange training requires exact inference-provided token ids", 0
+    occurrences = _FirstOccurrenceTrie()
+    tokens = 0
+    for history in tokenized.histories:
+        trainable = occurrences.mask(
+            history.model, history.tokens, history.flags, where=TokenFlag.SAMPLED
+        )
+        try:
+            _require_causal_predecessor(trainable)
+        except ValueError as exc:
+            return str(exc), 0
+        if not allow_training_without_logprobs and any(
+            selected_token and math.isnan(logprob)
+            for selected_token, logprob in zip(trainable, history.logprobs, strict=True)
+        ):
+            return "its exchanges are missing logprobs for trainable tokens", 0
+        tokens += sum(trainable)
+    if not tokens:
+        return "its exchanges hold no sampled token to train on", 0
+    return "", tokens

@@ -125,18 +125,33 @@ class RolloutStarted(Event):
 
 @event_type("llm.call")
 class LLMCall(Event):
-    """One call of the chat model inside a rollout.
+    """One call of an LLM inside a rollout.
 
-    Messages are LangChain's own JSON serialisation (`message_to_dict`). The input
-    messages, the output message and the tool list are content-addressed blobs referenced
-    here by hash: the output of one turn is an input of the next, and a growing
-    conversation costs linear storage. What SQL wants of the output is copied here.
+    Two sources record calls (`source`):
+
+    - `langchain`: a LangChain chat model (artstore's or ART's `init_chat_model`, or
+      `rollout.record_llm_call`). `input` and `output` are messages in LangChain's own JSON
+      serialisation (`message_to_dict`).
+    - `http`: an OpenAI-compatible HTTP request made through httpx (an `openai` client,
+      ART's `model.openai_client()`, LangChain's `ChatOpenAI` outside `init_chat_model`),
+      recorded from its bytes. `endpoint` says which API; `input` holds the request's
+      `messages` (each as sent), `tools` its `tools`, `request` the rest of the body (its
+      `messages` and `tools` values replaced by their hashes, keys in order), `output` the
+      response as received (`{"json": ...}`, or `{"sse": [[event, data], ...]}` streamed,
+      or `{"text": ...}` when the body is not JSON).
+
+    Every message, the tool list, the request and the response are content-addressed
+    blobs referenced here by hash: the output of one turn is an input of the next, and a
+    growing conversation costs linear storage. What SQL wants of the output is copied
+    here. A `langchain` call that records again a call already recorded from HTTP (ART's
+    `init_chat_model` logs its calls after they were sent) names it in `supersedes` and
+    takes its `index`: projections show the later record only.
     """
 
     call_id: str
     index: int  # order of the call within the rollout
     input: list[str]  # blob hashes of the input messages
-    output: str | None = None  # blob hash of message_to_dict(AIMessage); None if it failed
+    output: str | None = None  # blob hash of the output (see above); None if it failed
     tools: str | None = None  # blob hash of the OpenAI tool list offered
     model: str | None = None
     prompt_tokens: int | None = None
@@ -148,6 +163,14 @@ class LLMCall(Event):
     error_type: str | None = None
     error_message: str | None = None
     started_at: datetime
+    source: Literal["langchain", "http"] = "langchain"
+    endpoint: Literal["chat_completions", "completions", "responses", "messages"] | None = None
+    request: str | None = None  # http: blob hash of the request body (see above)
+    stream: bool = False  # http: the response was streamed (server-sent events)
+    finished_at: datetime | None = None  # http: when the response was complete
+    art_exchange: bool = False  # http: ART's own capture put it in `Trajectory.exchanges`
+    art_client: str | None = None  # http: ART's `model.openai_client()` post-processed it
+    supersedes: str | None = None  # call id of the `http` record of this same call
 
 
 @event_type("rollout.finished")

@@ -5,6 +5,13 @@ query parameters of its inference URL, and every environment variable that looks
 key or a token. It rewrites each text that goes into an event or a blob (message bodies,
 tool lists, error messages, tracebacks, scenarios, results, logs), so a key that appears
 in an exception's message or in a URL printed by a client is gone too.
+
+A model that repeats a key spells it over several tokens (`"sk"`, `"-"`, `"local"`, ...):
+each token alone holds no secret, but joined they do. `Redactor.pieces` and
+`Redactor.token_logprobs` rewrite text that arrives in pieces (stream deltas, logprob
+tokens) so that the pieces join to the redacted text: the piece where a secret starts
+holds `[REDACTED]` in its place, the other pieces lose the secret's characters, and the
+number of pieces (tokens, with their logprob values) stays the same.
 """
 
 from __future__ import annotations
@@ -12,7 +19,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 REDACTED = "[REDACTED]"
@@ -90,6 +98,110 @@ class Redactor:
             if secret in text:
                 text = text.replace(secret, REDACTED)
         return text
+
+    # --- text in pieces ----------------------------------------------------------------
+
+    def _spans(self, joined: bytes) -> list[tuple[int, int]]:
+        """The byte ranges of `joined` that hold a secret, merged where they overlap."""
+        found = []
+        for secret in self._secrets:
+            needle = secret.encode()
+            start = joined.find(needle)
+            while start >= 0:
+                found.append((start, start + len(needle)))
+                start = joined.find(needle, start + 1)
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(found):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+            else:
+                merged.append((start, end))
+        return merged
+
+    def _rewrite(self, pieces: Sequence[bytes]) -> dict[int, bytes]:
+        """{index: new bytes} of the pieces that hold part of a secret (none: {})."""
+        joined = b"".join(pieces)
+        spans = self._spans(joined) if self._secrets else []
+        if not spans:
+            return {}
+        rewritten: dict[int, bytes] = {}
+        start = 0
+        for index, piece in enumerate(pieces):
+            end = start + len(piece)
+            touching = [(a, b) for a, b in spans if a < end and b > start]
+            if touching:
+                out, position = bytearray(), start
+                for a, b in touching:
+                    out += joined[position : max(a, start)]
+                    if a >= start:  # the secret starts in this piece: it holds the marker
+                        out += REDACTED.encode()
+                    position = min(b, end)
+                out += joined[position:end]
+                rewritten[index] = bytes(out)
+            start = end
+        return rewritten
+
+    def pieces(self, texts: Sequence[str]) -> list[str] | None:
+        """`texts` rewritten so that they join to the redacted join; None if nothing was."""
+        rewritten = self._rewrite([text.encode() for text in texts])
+        if not rewritten:
+            return None
+        return [rewritten[i].decode() if i in rewritten else text for i, text in enumerate(texts)]
+
+    def token_logprobs(self, entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        """OpenAI logprob entries whose tokens together spell a secret, rewritten.
+
+        A token's text is its `bytes` (vLLM's `token_id:N` tokens carry the text there
+        only), else its `token`. Every token that holds part of a secret gets the
+        rewritten text as `token` and `bytes` (a `token_id:N` would give the secret back
+        through the tokenizer), and its `top_logprobs` alternatives become `[REDACTED]`
+        (the sampled token is usually among them); logprob values are kept. Returns a new
+        list, or None when no secret is spelled.
+        """
+        if not self._may_spell_secret(entries):
+            return None
+        texts = [_token_bytes(entry) for entry in entries]
+        rewritten = self._rewrite(texts)
+        if not rewritten:
+            return None
+        marker = {"token": REDACTED, "bytes": list(REDACTED.encode())}
+        result = list(entries)
+        for index, text in rewritten.items():
+            entry = dict(entries[index])
+            entry["token"] = text.decode(errors="replace")
+            entry["bytes"] = list(text)
+            if entry.get("top_logprobs"):
+                entry["top_logprobs"] = [
+                    {**alternative, **marker} if isinstance(alternative, dict) else alternative
+                    for alternative in entry["top_logprobs"]
+                ]
+            result[index] = entry
+        return result
+
+    def _may_spell_secret(self, entries: Sequence[dict[str, Any]]) -> bool:
+        """A quick look at the tokens' joined text (most answers spell no secret)."""
+        if not self._secrets:
+            return False
+        try:
+            joined = "".join([entry["token"] for entry in entries])
+        except (KeyError, TypeError):
+            return True  # unusual entries: look at them closely
+        if "token_id:" in joined:
+            return True  # vLLM's `token_id:N` tokens: their text is in their bytes only
+        return any(secret in joined for secret in self._secrets)
+
+
+def _token_bytes(entry: Any) -> bytes:
+    if not isinstance(entry, dict):
+        return b""
+    raw = entry.get("bytes")
+    if isinstance(raw, list):
+        try:
+            return bytes(raw)
+        except (TypeError, ValueError):
+            pass  # not bytes after all: the token's text says it
+    token = entry.get("token")
+    return token.encode(errors="surrogatepass") if isinstance(token, str) else b""
 
 
 def redact_known(text: str) -> str:

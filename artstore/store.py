@@ -84,11 +84,7 @@ class Store(EventStore):
         """Several trajectories at once (one query for all their events and messages)."""
         from artstore.projections.imported import blob_hashes, imported_trajectory, load_bodies
         from artstore.projections.recorded import recorded_blob_hashes, recorded_trajectory
-        from artstore.projections.trajectories import (
-            StoredCalls,
-            build_trajectory,
-            merge_conversations,
-        )
+        from artstore.projections.trajectories import StoredCalls, build_trajectory
 
         ids = list(dict.fromkeys(rollout_ids))
         streams = await self.read_streams(f"rollout-{rollout_id}" for rollout_id in ids)
@@ -129,7 +125,7 @@ class Store(EventStore):
             build = (
                 partial(imported_trajectory, imported[rollout_id], bodies)
                 if rollout_id in imported
-                else partial(build_trajectory, merge_conversations(calls.calls(rollout_id)))
+                else partial(build_trajectory, calls.rollout(rollout_id))
             )
             result[rollout_id] = build(
                 reward=reward,

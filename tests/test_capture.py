@@ -124,22 +124,43 @@ async def test_calls_from_a_thread_are_committed_when_the_block_exits(store) -> 
     assert [c.data["index"] for c in calls] == [0, 1, 2, 3, 4]
 
 
-async def test_a_message_changed_after_its_call_is_recorded_as_sent_next(store, monkeypatch):
-    """Each message is serialised once per rollout, unless a field of it was replaced."""
-    dumped: list[str] = []
-    real_dump = lc.dump_message
-    monkeypatch.setattr(lc, "dump_message", lambda m: dumped.append(m.type) or real_dump(m))
-    user, first = HumanMessage("hi"), answer("hello")
+async def test_messages_are_recorded_by_value_at_each_call(store) -> None:
+    """A message edited in place between two calls is recorded as it was at each call."""
+    user = HumanMessage(content=[{"type": "text", "text": "hi"}])
+    first = answer("hello", tool_calls=[{"id": "c1", "name": "f", "args": {"zone": 1, "a": 2}}])
     async with store.rollout("my-model") as rollout:
         rollout.record_llm_call([user], first)
         rollout.record_llm_call([user, first, HumanMessage("again")], answer("hello again"))
-        first.name = "agent"  # as LangGraph's create_react_agent(name=...) does
+        user.content[0]["text"] = "hi, edited"  # a dict inside the content list, in place
+        user.content.append({"type": "text", "text": "more"})  # the list itself, in place
+        first.tool_calls[0]["args"]["zone"] = 3  # the arguments dict, in place
+        first.name = "agent"  # a field replaced, as LangGraph's create_react_agent(name=...)
         rollout.record_llm_call([user, first, HumanMessage("more")], answer("more"))
-    assert dumped == ["human", "ai", "human", "ai", "ai", "human", "ai"]
     calls = [e.data for e in await store.read_stream(rollout.stream_id) if e.type == "llm.call"]
-    assert calls[1]["input"][1] == calls[0]["output"] != calls[2]["input"][1]
-    bodies = await store.get_blobs([calls[2]["input"][1]])
-    assert json.loads(bodies[calls[2]["input"][1]])["data"]["name"] == "agent"
+    assert calls[1]["input"][:2] == [calls[0]["input"][0], calls[0]["output"]]  # stored once
+    bodies = await store.get_blobs(
+        [calls[0]["input"][0], calls[2]["input"][0], calls[2]["input"][1]]
+    )
+    assert json.loads(bodies[calls[0]["input"][0]])["data"]["content"] == [
+        {"type": "text", "text": "hi"}
+    ]
+    assert json.loads(bodies[calls[2]["input"][0]])["data"]["content"] == [
+        {"type": "text", "text": "hi, edited"},
+        {"type": "text", "text": "more"},
+    ]
+    edited = json.loads(bodies[calls[2]["input"][1]])["data"]
+    assert edited["name"] == "agent"
+    assert list(edited["tool_calls"][0]["args"].items()) == [("zone", 3), ("a", 2)]
+    trajectory = await store.trajectory(rollout.id)  # by ART's rule: the edit starts a history
+    assert trajectory.messages_and_choices[0] == {
+        "role": "user",
+        "content": [{"type": "text", "text": "hi"}],
+    }
+    (edited_history,) = trajectory.additional_histories
+    assert edited_history.messages_and_choices[0]["content"] == [
+        {"type": "text", "text": "hi, edited"},
+        {"type": "text", "text": "more"},
+    ]
 
 
 def test_message_json_round_trip() -> None:

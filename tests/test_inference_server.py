@@ -148,3 +148,43 @@ async def test_art_langgraph_wrapper_builds_trainable_trajectory(tmp_path, monke
     assert [c.finish_reason for c in choices] == ["tool_calls", "tool_calls", "stop"]
     assert all(c.logprobs and c.logprobs.content for c in choices)
     assert [t["function"]["name"] for t in trajectory.tools] == ["get_weather", "get_population"]
+
+
+def test_token_ids_when_asked_as_vllm_returns_them() -> None:
+    """ART >= 0.5.20's client asks for token ids; exchange training needs them exact."""
+    vllm = {"return_token_ids": True, "return_tokens_as_token_ids": True}
+    messages = [{"role": "user", "content": "Weather in Rome?"}]
+    with LocalInferenceServer(lambda request, index: "Sunny, 24 degrees.") as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key=server.api_key)
+        plain = client.chat.completions.create(model="m", messages=messages)
+        asked = client.chat.completions.create(model="m", messages=messages, extra_body=vllm)
+        again = client.chat.completions.create(model="m", messages=messages, extra_body=vllm)
+        (choice,) = asked.choices
+        follow_up = [
+            *messages,
+            {"role": "assistant", "content": choice.message.content},
+            {"role": "user", "content": "And tomorrow?"},
+        ]
+        following = client.chat.completions.create(model="m", messages=follow_up, extra_body=vllm)
+        stream = client.chat.completions.create(
+            model="m", messages=messages, extra_body=vllm, stream=True
+        )
+        chunks = list(stream)
+
+    assert "prompt_token_ids" not in (plain.model_extra or {})
+    assert "token_ids" not in (plain.choices[0].model_extra or {})
+    prompt, ids = asked.model_extra["prompt_token_ids"], choice.model_extra["token_ids"]
+    assert len(prompt) == asked.usage.prompt_tokens
+    assert len(ids) == len(choice.logprobs.content) == asked.usage.completion_tokens
+    assert [e.token for e in choice.logprobs.content] == [f"token_id:{i}" for i in ids]
+    assert b"".join(bytes(e.bytes) for e in choice.logprobs.content).decode() == (
+        "Sunny, 24 degrees."
+    )
+    assert again.model_extra["prompt_token_ids"] == prompt  # deterministic
+    assert again.choices[0].model_extra["token_ids"] == ids
+    # A conversation's next prompt starts with this prompt and this completion.
+    assert following.model_extra["prompt_token_ids"][: len(prompt) + len(ids)] == prompt + ids
+    # Streamed: the first chunk carries the prompt's ids, each chunk its tokens' ids.
+    assert chunks[0].model_extra["prompt_token_ids"] == prompt
+    streamed = [i for chunk in chunks for c in chunk.choices for i in c.model_extra["token_ids"]]
+    assert streamed == ids

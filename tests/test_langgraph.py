@@ -267,9 +267,18 @@ async def test_agent_written_for_art_is_recorded_unchanged(store) -> None:
             await agent.ainvoke({"messages": [("user", "Weather in Oslo?")]})
 
     calls = await _rows(store, select(t.llm_calls).order_by(t.llm_calls.c.call_index))
-    assert [c.rollout_id for c in calls] == [rollout.id] * 3
+    assert [c.rollout_id for c in calls] == [rollout.id] * 3  # one row per call
+    assert [c.call_index for c in calls] == [0, 1, 2]
     assert [c.finish_reason for c in calls] == ["tool_calls", "tool_calls", "stop"]
-    assert all(c.has_logprobs and c.latency_s is None for c in calls)  # ART cannot time calls
+    assert [c.source for c in calls] == ["langchain"] * 3
+    # Recorded from HTTP when sent, then logged by ART's wrapper: the log supersedes the
+    # HTTP record and keeps its timing (ART's wrapper cannot time calls).
+    assert all(c.has_logprobs and c.latency_s > 0 for c in calls)
+    events = [e.data for e in await store.read_stream(rollout.stream_id) if e.type == "llm.call"]
+    http = [e for e in events if e["source"] == "http"]
+    logged = [e for e in events if e["source"] == "langchain"]
+    assert [e["supersedes"] for e in logged] == [e["call_id"] for e in http]
+    assert [e["index"] for e in logged] == [e["index"] for e in http] == [0, 1, 2]
     trajectory = await store.trajectory(rollout.id)
     assert [type(m).__name__ for m in trajectory.messages_and_choices] == [
         "dict",
@@ -404,13 +413,17 @@ async def test_128_concurrent_rollouts_are_recorded_completely_and_apart(store) 
         for h in [*e.data["input"], e.data["output"]]
     }
     bodies = await store.get_blobs(hashes)
-    for rollout_id, token in zip(ids, tokens, strict=True):
+    for index, (rollout_id, token) in enumerate(zip(ids, tokens, strict=True)):
         events = streams[f"rollout-{rollout_id}"]
+        # ART's wrapper: each call recorded from HTTP, then superseded by its log.
+        records = 3 if index % 2 else 6
         assert [e.type for e in events] == [
             "rollout.started",
-            *["llm.call"] * 3,
+            *["llm.call"] * records,
             "rollout.finished",
         ]
+        superseded = {e.data["supersedes"] for e in events if e.data.get("supersedes")}
+        assert len(superseded) == records - 3
         for event in events[1:-1]:
             mentioned = {
                 m

@@ -4,8 +4,10 @@
 `art.LocalBackend` does (art/local/backend.py), minus the GPU:
 
 - `train` validates every group as ART's tokenizer would need it (trainable `Choice`
-  objects with logprobs), computes ART's group-relative advantages, and advances the step
-  by writing a checkpoint directory. No weights exist and none are updated; the metrics
+  objects with logprobs; on ART >= 0.5.20, trajectories of captured exchanges tokenized
+  by ART itself from the inference server's token ids, as its trainer does), computes
+  ART's group-relative advantages, and advances the step by writing a checkpoint
+  directory. No weights exist and none are updated; the metrics
   say so (`data/step_num_gradient_steps` is 0) and contain no invented loss.
 - The step lives on disk exactly where LocalBackend keeps it,
   `<path>/<project>/models/<name>/checkpoints/<step:04d>/`, and `_get_step` is the highest
@@ -33,6 +35,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from artstore.art_versions import (
     NEW_TRAIN_KEYWORDS,
+    check_exchange_trajectory,
+    has_exchange_data,
     lineage_name,
     rewards_have_zero_variance,
     train_keywords_of_this_art,
@@ -121,8 +125,15 @@ def _looks_like_serialized_choice(item: dict[str, Any]) -> bool:
     return "role" not in item and "message" in item and ("logprobs" in item or "index" in item)
 
 
-def _check_trajectory(trajectory: Trajectory, allow_without_logprobs: bool) -> tuple[str, int]:
-    """Return (problem or "", logprob token count) for one trajectory.
+def _check_trajectory(
+    trajectory: Trajectory, allow_without_logprobs: bool, inference_name: str
+) -> tuple[str, int]:
+    """Return (problem or "", trainable token count) for one trajectory.
+
+    A trajectory of ART's captured exchanges (ART >= 0.5.20) is checked as ART's trainer
+    tokenizes it (`check_exchange_trajectory`): exact inference-provided token ids,
+    logprobs on every sampled token; one that also holds legacy histories is refused, as
+    ART refuses it.
 
     A trajectory is trainable when one of its histories (the main one and
     `additional_histories`, as ART tokenizes them) holds a trainable assistant turn: a
@@ -134,6 +145,20 @@ def _check_trajectory(trajectory: Trajectory, allow_without_logprobs: bool) -> t
     """
     from openai.types.chat.chat_completion import Choice
 
+    if has_exchange_data(trajectory):
+        if (
+            trajectory.messages_and_choices
+            or trajectory.tools is not None
+            or trajectory.additional_histories
+        ):
+            return (
+                "it holds both captured exchanges and legacy histories "
+                "(messages_and_choices, tools, additional_histories), which ART refuses",
+                0,
+            )
+        return check_exchange_trajectory(
+            trajectory, inference_name, allow_training_without_logprobs=allow_without_logprobs
+        )
     histories = [
         ("messages_and_choices", trajectory.messages_and_choices),
         *(
@@ -458,7 +483,11 @@ class CheckOnlyBackend:
                 if not math.isfinite(reward):
                     problems.append(f"group {g}, trajectory {t}: reward is {reward!r}")
             checks = [
-                _check_trajectory(trajectory, allow_training_without_logprobs)
+                _check_trajectory(
+                    trajectory,
+                    allow_training_without_logprobs,
+                    self._model_inference_name(model),
+                )
                 for trajectory in trajectories
             ]
             problems.extend(

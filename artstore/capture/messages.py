@@ -4,11 +4,16 @@ A message is stored as `message_to_dict(message)`: `{"type": ..., "data": {...fi
 read back by `messages_from_dict`. The text is written by pydantic's serializer rather
 than `json.dumps(message_to_dict(m))`: same document, several times faster for an
 assistant message carrying hundreds of logprob entries (the cost a caller pays per call).
+Dict keys keep their order (tool-call arguments as the model wrote them), and non-finite
+floats are written as `-Infinity` / `Infinity` / `NaN` rather than pydantic's default
+`null`: a token's logprob can be `-inf`, and `null` there would make ART's `Choice`
+invalid.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,14 +49,30 @@ def _fallback(value: Any) -> Any:
     return repr(value)
 
 
+_serializers: dict[type, pydantic_core.SchemaSerializer] = {}
+_serializers_lock = threading.Lock()
+
+
+def _serializer(cls: type[BaseMessage]) -> pydantic_core.SchemaSerializer:
+    """The class's own pydantic serializer, writing non-finite floats as JSON constants."""
+    found = _serializers.get(cls)
+    if found is None:
+        found = pydantic_core.SchemaSerializer(
+            cls.__pydantic_core_schema__, {"ser_json_inf_nan": "constants"}
+        )
+        with _serializers_lock:
+            found = _serializers.setdefault(cls, found)
+    return found
+
+
 def dump_message(message: BaseMessage) -> str:
     """`message_to_dict(message)` as JSON text.
 
-    Non-finite floats become `null` (pydantic's JSON rule; a sampled token's logprob is
-    always finite) and objects that are not JSON become their `repr`.
+    Keys keep their order, floats are kept whole (non-finite ones as `-Infinity`,
+    `Infinity`, `NaN`), and objects that are not JSON become their `repr`.
     """
-    data = message.model_dump_json(warnings=False, fallback=_fallback)
-    return f'{{"type":{json.dumps(message.type)},"data":{data}}}'
+    data = _serializer(type(message)).to_json(message, warnings=False, fallback=_fallback)
+    return f'{{"type":{json.dumps(message.type)},"data":{data.decode()}}}'
 
 
 def load_message(body: str | bytes) -> BaseMessage:

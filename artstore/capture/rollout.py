@@ -3,12 +3,18 @@
     async with store.rollout(model, scenario=scenario) as rollout:
         rollout.result = await agent(scenario)
 
-Inside the block every LLM call made through `artstore.langgraph.init_chat_model`, or
-through ART's own `art.langgraph.init_chat_model`, becomes an `llm.call` event of this
-rollout (a loop of your own records with `rollout.record_llm_call(input, output)`).
+Inside the block every LLM call becomes an `llm.call` event of this rollout: those made
+through `artstore.langgraph.init_chat_model` or ART's own `art.langgraph.init_chat_model`
+(LangChain messages), and every OpenAI-compatible HTTP call made through an `openai`
+client, ART's `model.openai_client()` included (`artstore.capture.http`); a loop of your
+own can also record with `rollout.record_llm_call(input, output)`. Each call is recorded
+once: a LangChain record of a call already recorded from HTTP supersedes that record.
 Calls are handed to the store's writer without waiting for a commit; the block's exit
 waits for all of them and records `rollout.finished` (or `rollout.failed`, and the
 exception still reaches the caller), so a rollout is durable once its block has exited.
+
+Messages are recorded by value, as they are at the moment of each call: a message the
+agent edits in place between two calls is recorded with its new content in the second.
 
 The current rollout is a context variable: concurrent rollouts in concurrent tasks never
 see each other's calls, and LangGraph's worker threads (which copy the context) record
@@ -25,7 +31,7 @@ import json
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -42,7 +48,7 @@ from artstore.events import (
     RolloutStarted,
     new_id,
 )
-from artstore.eventstore.blobs import blob_hash, canonical_json
+from artstore.eventstore.blobs import blob_hash, blob_json, canonical_json
 from artstore.redaction import Redactor, redact_url
 
 if TYPE_CHECKING:
@@ -129,9 +135,12 @@ class Rollout:
         self._handoffs_lock = threading.Lock()
         self._handoff_error: Exception | None = None
         self._sent_blobs: set[str] = set()  # blob bodies already queued by this rollout
-        # id(message) -> (message, its fields as hashed, blob hash): a message sent again
-        # in the next call is not serialised again unless a field of it was replaced.
-        self._message_hashes: dict[int, tuple[BaseMessage, dict[str, Any], str]] = {}
+        self._numbering = threading.Lock()  # calls are numbered by whatever thread records
+        self._indexes: dict[str, int] = {}  # call id -> index
+        # Calls recorded from HTTP, by response id, that a LangChain record may supersede.
+        self._http_calls: dict[str, list[LLMCall]] = {}
+        self._claimed_exchanges: set[int] = set()  # ART exchanges matched to a call
+        self._open_calls: set[Any] = set()  # HTTP calls whose response is not complete yet
 
     @property
     def stream_id(self) -> str:
@@ -175,8 +184,21 @@ class Rollout:
         `input` is what the chat model was given (messages, a PromptValue or a string),
         `output` the `AIMessage` it returned (None for a failed call, with `error`), `tools`
         what it was offered (OpenAI tool dicts, or LangChain tools, converted as ART does).
-        The messages are serialised here, in the caller's thread; the append is queued and
-        its commit awaited when the block exits.
+        The messages are serialised here, in the caller's thread, as they are now; the
+        append is queued and its commit awaited when the block exits. When the output's
+        response id (`response_metadata["id"]`) is that of a call this rollout recorded
+        from HTTP, this record supersedes that one (it is the same call).
+        """
+        self._submit_call(
+            lambda: self._llm_call_event(
+                input, output, tools, call_id, started_at, latency_s, error
+            )
+        )
+
+    def _submit_call(self, make: Callable[[], tuple[LLMCall, dict[str, str], str | None]]):
+        """Build an `llm.call` event with `make` (in the caller's thread), number it, queue it.
+
+        `make` returns (event, blobs, response id of a call recorded from HTTP or None).
         """
         on_loop = threading.get_ident() == self._loop_thread
         if self.closed:
@@ -188,17 +210,61 @@ class Rollout:
             with self._handoffs_lock:
                 self._handoffs += 1
         try:
-            event, blobs = self._llm_call_event(
-                input, output, tools, call_id, started_at, latency_s, error
-            )
+            event, blobs, response_id = make()
+            event = self._number(event, response_id)
         except BaseException:
             if not on_loop:
                 self._handoff_done()
             raise
         if on_loop:
             self._queue_llm_call(event, blobs)
-        else:  # a sync LangChain call in a worker thread: hand over to the store's loop
+        else:  # a sync call in a worker thread: hand over to the store's loop
             self._loop.call_soon_threadsafe(self._queue_llm_call, event, blobs, True)
+
+    def _number(self, event: LLMCall, response_id: str | None) -> LLMCall:
+        """The call's index: the next one, or that of the call it supersedes."""
+        with self._numbering:
+            if event.supersedes is not None:
+                index = self._indexes[event.supersedes]
+            else:
+                index, self._calls = self._calls, self._calls + 1
+            self._indexes[event.call_id] = index
+            if response_id is not None and event.output is not None:
+                self._http_calls.setdefault(response_id, []).append(event)
+        return event.model_copy(update={"index": index})
+
+    def _superseded(self, response_id: Any) -> LLMCall | None:
+        """The oldest call recorded from HTTP with this response id, taken (once)."""
+        if not isinstance(response_id, str):
+            return None
+        with self._numbering:
+            found = self._http_calls.get(response_id)
+            return found.pop(0) if found else None
+
+    def _claim_art_exchange(self, trajectory: Any, endpoint: str, response_id: str | None):
+        """The exchange ART captured for this call (the newest unclaimed one with its id)."""
+        from artstore.art_versions import captured_exchanges
+
+        with self._numbering:
+            for exchange in reversed(captured_exchanges(trajectory, endpoint)):
+                if id(exchange) in self._claimed_exchanges:
+                    continue
+                if getattr(exchange.response, "id", None) == response_id:
+                    self._claimed_exchanges.add(id(exchange))
+                    return exchange
+        return None
+
+    def _end_open_calls(self) -> None:
+        """Streams still open when the block exits: recorded as calls that did not complete."""
+        with self._numbering:
+            open_calls, self._open_calls = list(self._open_calls), set()
+        for call in open_calls:
+            call.finish()
+
+    def _capture_failed(self, error: Exception) -> None:
+        """A call could not be recorded: the block's exit raises it (nobody else can see it)."""
+        if self._handoff_error is None:
+            self._handoff_error = error
 
     def _llm_call_event(
         self,
@@ -209,7 +275,7 @@ class Rollout:
         started_at: datetime | None,
         latency_s: float | None,
         error: BaseException | None,
-    ) -> tuple[LLMCall, dict[str, str]]:
+    ) -> tuple[LLMCall, dict[str, str], None]:
         blobs: dict[str, str] = {}
         try:
             messages = lc.as_messages(input)
@@ -220,7 +286,7 @@ class Rollout:
         fields: dict[str, Any] = {
             "call_id": call_id or new_id(),
             "input": [self._message_blob(m, blobs) for m in messages],
-            "tools": self._blob(canonical_json(_openai_tools(tools)), blobs) if tools else None,
+            "tools": self._blob(blob_json(_openai_tools(tools)), blobs) if tools else None,
             "latency_s": latency_s,
             "started_at": started_at or datetime.now(UTC),
             "model": self.inference_model_name,
@@ -244,20 +310,24 @@ class Rollout:
                 "num_logprobs": lc.count_logprobs(output),
                 "model": metadata.get("model_name") or self.inference_model_name,
             }
+            same = self._superseded(metadata.get("id"))
+            if same is not None:  # recorded from HTTP already: this record replaces it
+                fields["supersedes"] = same.call_id
+                if started_at is None and latency_s is None:
+                    fields["started_at"], fields["latency_s"] = same.started_at, same.latency_s
         if error is not None:
             fields["error_type"] = type(error).__name__
             fields["error_message"] = self.redact(str(error) or repr(error))
-        return LLMCall(index=0, **fields), blobs  # validated here, numbered when queued
+        return LLMCall(index=0, **fields), blobs, None  # validated here, numbered when submitted
 
     def _queue_llm_call(self, event: LLMCall, blobs: dict[str, str], handoff: bool = False):
-        """On the store's loop: number the call and queue its append, in arrival order."""
+        """On the store's loop: queue the call's append, in arrival order."""
         try:
             if self._ended:
                 return  # never: the block's exit waits for calls on their way
             new_blobs = {h: body for h, body in blobs.items() if h not in self._sent_blobs}
-            self._append(event.model_copy(update={"index": self._calls}), new_blobs)
+            self._append(event, new_blobs)
             self._sent_blobs.update(new_blobs)
-            self._calls += 1
         except Exception as exc:
             if not handoff:
                 raise
@@ -271,18 +341,28 @@ class Rollout:
             self._handoffs -= 1
 
     def _message_blob(self, message: BaseMessage, blobs: dict[str, str]) -> str:
-        cached = self._message_hashes.get(id(message))
-        if cached is not None and cached[0] is message and cached[1] == message.__dict__:
-            digest = cached[2]
-            if digest not in self._sent_blobs:  # queued by no append yet: send it (again)
-                blobs[digest] = self.redact(lc.dump_message(message))
-            return digest
-        body = self.redact(lc.dump_message(message))
-        digest = blob_hash(body)
-        self._message_hashes[id(message)] = (message, dict(message.__dict__), digest)
-        if digest not in self._sent_blobs:
-            blobs[digest] = body
-        return digest
+        """The message as it is now (by value: an in-place edit since the last call shows)."""
+        if isinstance(message, AIMessage) and self.redact:
+            message = self._without_spelled_secrets(message)
+        return self._blob(lc.dump_message(message), blobs)
+
+    def _without_spelled_secrets(self, message: AIMessage) -> AIMessage:
+        """The message with logprob tokens that spell a secret rewritten (see redaction)."""
+        metadata = message.response_metadata or {}
+        logprobs = metadata.get("logprobs")
+        if not isinstance(logprobs, dict):
+            return message
+        changed = {}
+        for key in ("content", "refusal"):
+            entries = logprobs.get(key)
+            if isinstance(entries, list):
+                rewritten = self.redact.token_logprobs(entries)
+                if rewritten is not None:
+                    changed[key] = rewritten
+        if not changed:
+            return message
+        metadata = {**metadata, "logprobs": {**logprobs, **changed}}
+        return message.model_copy(update={"response_metadata": metadata})
 
     def _blob(self, text: str, blobs: dict[str, str]) -> str:
         body = self.redact(text)
@@ -364,6 +444,9 @@ async def rollout(
     )
     # The store checks every event it writes for the model's key too, whatever made it.
     store.redact.add([recorder.inference_api_key], urls=[recorder.inference_base_url])
+    from artstore.capture import http
+
+    http.install()  # once: OpenAI-compatible calls of the block are recorded from HTTP
     started = RolloutStarted(
         rollout_id=recorder.id,
         run=run,
@@ -388,6 +471,7 @@ async def rollout(
             yield recorder
         finally:
             _reset(token, art_token)
+            recorder._end_open_calls()
             recorder.closed = True  # no new calls; those on their way are still recorded
         finished = RolloutFinished(
             rollout_id=recorder.id,
@@ -439,8 +523,10 @@ def _reset(token: contextvars.Token, art: tuple[contextvars.ContextVar, contextv
 class ArtLogger:
     """Stands where ART's `FileLogger` stood: `log(name, entry)` records an LLM call event.
 
-    ART's wrapper logs only successful calls and cannot time them: their `latency_s` is
-    None (`artstore.langgraph.init_chat_model` records both).
+    ART's wrapper logs only successful calls, after they were made, and cannot time them.
+    Its calls go through `ChatOpenAI`, so the HTTP capture records each one first (failed
+    ones included); the logged record then supersedes the HTTP one, with its start time
+    and latency (`Rollout.record_llm_call`).
     """
 
     def __init__(self, recorder: Rollout) -> None:

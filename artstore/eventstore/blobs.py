@@ -2,6 +2,15 @@
 
 LLM-call inputs repeat the whole conversation every turn; storing each distinct message
 once makes storage grow with the conversation instead of with its square.
+
+A blob's text keeps the document as it was: keys in their order (a tool schema whose
+parameters are not in alphabetical order is rendered by the chat template in the order
+given, so the order is part of what the model saw) and every float, non-finite ones
+included (`-Infinity`, `Infinity`, `NaN`, as Python's `json` and pydantic read them; a
+token's logprob can be `-inf`). Two documents that differ only in key order are two
+blobs. Event payloads are another matter: they are queried with SQL (JSONB on
+PostgreSQL, which orders keys its own way), so `canonical_json` sorts their keys and
+refuses what standard JSON cannot hold.
 """
 
 from __future__ import annotations
@@ -10,10 +19,29 @@ import hashlib
 import json
 from typing import Any
 
+import pydantic_core
+
 
 def canonical_json(value: Any) -> str:
     """One text per value: sorted keys, no spaces, and no NaN (not JSON, refused by PostgreSQL)."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def blob_json(value: Any) -> str:
+    """The text of a blob: key order kept, no spaces, ASCII, non-finite floats kept.
+
+    Written by pydantic's serializer (twice as fast as `json.dumps` on a response with
+    hundreds of logprob entries); by `json.dumps` for what it refuses (a lone surrogate).
+    """
+    try:
+        return pydantic_core.to_json(value, ensure_ascii=True, inf_nan_mode="constants").decode()
+    except pydantic_core.PydanticSerializationError:
+        return json.dumps(value, separators=(",", ":"))
+
+
+def load_blob(body: str | bytes) -> Any:
+    """The document a blob's text holds (non-finite floats come back as floats)."""
+    return json.loads(body)
 
 
 class EncodedJson(str):
@@ -43,5 +71,5 @@ def blob_hash(body: str) -> str:
 
 def encode_blob(value: Any) -> tuple[str, str]:
     """The (hash, body) under which `value` is stored."""
-    body = canonical_json(value)
+    body = blob_json(value)
     return blob_hash(body), body

@@ -6,6 +6,9 @@ recorded with each call, structured output through `bind_tools([schema])` and
 `schema.model_validate(tool_calls[0]["args"])`, string tool-call arguments parsed as JSON.
 Every call becomes an `llm.call` event of the rollout current *at call time*.
 
+Its calls are recorded once, as LangChain messages: the HTTP capture of the rollout
+(`artstore.capture.http`) is off while it calls the model.
+
 What it does that ART's wrapper does not:
 
 - times every call (`latency_s`) and records failed calls with their exception (then
@@ -39,6 +42,7 @@ from langchain_core.runnables.config import merge_configs
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel
 
+from artstore.capture.http import unrecorded
 from artstore.capture.rollout import Rollout, require_rollout
 
 CALL_TIMEOUT_S = 10 * 60  # as ART's wrapper: an async call that takes longer fails
@@ -184,7 +188,8 @@ class RecordedChatModel(Runnable[Any, Any]):
             attempt += 1
             started, clock = datetime.now(UTC), time.perf_counter()
             try:
-                output = client.invoke(input, config=self._config(config), **kwargs)
+                with unrecorded():  # recorded here, as LangChain messages: not from HTTP too
+                    output = client.invoke(input, config=self._config(config), **kwargs)
             except Exception as exc:
                 self._record(rollout, input, None, started, clock, exc)
                 if not self.retry.should_retry(attempt, exc):
@@ -207,10 +212,11 @@ class RecordedChatModel(Runnable[Any, Any]):
             attempt += 1
             started, clock = datetime.now(UTC), time.perf_counter()
             try:
-                output = await asyncio.wait_for(
-                    client.ainvoke(input, config=self._config(config), **kwargs),
-                    timeout=CALL_TIMEOUT_S,
-                )
+                with unrecorded():  # recorded here, as LangChain messages: not from HTTP too
+                    output = await asyncio.wait_for(
+                        client.ainvoke(input, config=self._config(config), **kwargs),
+                        timeout=CALL_TIMEOUT_S,
+                    )
             except (Exception, asyncio.CancelledError) as exc:
                 self._record(rollout, input, None, started, clock, exc)
                 if isinstance(exc, asyncio.CancelledError) or not self.retry.should_retry(

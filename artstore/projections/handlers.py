@@ -35,7 +35,7 @@ from artstore.events import (
 from artstore.eventstore.store import RecordedEvent, recorded_from_row
 from artstore.projections.imported import blob_hashes, imported_message_rows, load_bodies
 from artstore.projections.recorded import recorded_blob_hashes
-from artstore.projections.trajectories import load_calls, merge_conversations, message_rows
+from artstore.projections.trajectories import load_calls, message_rows
 from artstore.schema import tables as t
 
 Handler = Callable[[Connection, Any, RecordedEvent], None]
@@ -196,6 +196,8 @@ def _rollout_started(c: Connection, e: RolloutStarted, r: RecordedEvent) -> None
 def _llm_call(c: Connection, e: LLMCall, r: RecordedEvent) -> None:
     rollout_id = r.stream_id.removeprefix("rollout-")
     prompt, completion = e.prompt_tokens, e.completion_tokens
+    if e.supersedes is not None:  # the same call, recorded again: one row per real call
+        c.execute(delete(t.llm_calls).where(t.llm_calls.c.call_id == e.supersedes))
     c.execute(
         t.llm_calls.insert().values(
             call_id=e.call_id,
@@ -217,13 +219,18 @@ def _llm_call(c: Connection, e: LLMCall, r: RecordedEvent) -> None:
             error_message=e.error_message,
             started_at=e.started_at,
             position=r.position,
+            source=e.source,
+            endpoint=e.endpoint,
+            streamed=e.stream,
+            art_exchange=e.art_exchange,
         )
     )
-    c.execute(
-        update(t.rollouts)
-        .where(t.rollouts.c.rollout_id == rollout_id)
-        .values(num_llm_calls=t.rollouts.c.num_llm_calls + 1)
-    )
+    if e.supersedes is None:
+        c.execute(
+            update(t.rollouts)
+            .where(t.rollouts.c.rollout_id == rollout_id)
+            .values(num_llm_calls=t.rollouts.c.num_llm_calls + 1)
+        )
 
 
 @handles(RolloutFinished)
@@ -244,7 +251,7 @@ def _project_trajectory_messages(c: Connection, rollout_id: str) -> None:
         rows = imported_message_rows(recorded, load_bodies(c, recorded_blob_hashes([recorded])))
     else:
         calls = (load_calls(c, [rollout_id]))[rollout_id]
-        rows = message_rows(rollout_id, merge_conversations(calls))
+        rows = message_rows(rollout_id, calls.conversations())
     if rows:
         c.execute(t.trajectory_messages.insert(), _nul_free_tool_calls(rows))
 

@@ -28,6 +28,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
@@ -189,6 +190,11 @@ llm_calls = Table(
     Column("error_message", ProjectedLongText),
     Column("started_at", Timestamp, nullable=False),
     Column("position", Position, nullable=False),  # of the llm.call event
+    # How it was recorded: "langchain" (a chat model's messages) or "http" (the request).
+    Column("source", String(20), nullable=False, server_default="langchain"),
+    Column("endpoint", String(40)),  # http: chat_completions | completions | responses | ...
+    Column("streamed", Boolean, nullable=False, server_default=false()),
+    Column("art_exchange", Boolean, nullable=False, server_default=false()),  # ART captured it
     Index(None, "rollout_id", "call_index"),
 )
 

@@ -536,6 +536,10 @@ def _v_llm_calls() -> Select:
         utc_text(c.c.started_at).label("started_at"),
         c.c.position,
         json_or_null(c.c.tool_calls).label("tool_calls"),
+        c.c.source,
+        c.c.endpoint,
+        _flag(c.c.streamed).label("streamed"),
+        _flag(c.c.art_exchange).label("art_exchange"),
     ).select_from(c.outerjoin(ro, ro.c.rollout_id == c.c.rollout_id))
 
 

@@ -5,6 +5,15 @@ a real LangGraph graph and ART's own LangGraph wrapper, with no GPU and no netwo
 server always returns token logprobs (only choices with logprobs are trainable) and ART's
 wrapper never asks for them, so this server returns `choices[i].logprobs` on every response.
 
+Like vLLM, it returns token ids when asked (ART >= 0.5.20's `model.openai_client()` asks for
+them, and trains exchange trajectories only on inference-provided ids): with
+`"return_token_ids": true` in the body, the response carries `prompt_token_ids` (the prompt
+rendered with a ChatML-like template and tokenized, so a conversation's next prompt starts
+with this prompt and this completion's ids) and each choice its `token_ids`, one per logprob
+entry; streamed, the first chunk carries `prompt_token_ids` and each chunk its choice's
+`token_ids`. With `"return_tokens_as_token_ids": true` a logprob entry's `token` is
+`token_id:N` (its `bytes` still spell the text). Ids are `token_id(text)`: deterministic.
+
 Why a thread: `http.server.ThreadingHTTPServer` runs in a daemon thread, so the server works
 the same from plain sync code and from inside a running asyncio loop (it never needs the
 caller's loop to make progress).
@@ -39,7 +48,9 @@ __all__ = [
     "LocalInferenceServer",
     "Policy",
     "ScriptedReply",
+    "render_prompt",
     "synthesize_from_schema",
+    "token_id",
     "token_logprobs",
     "tokenize",
     "tool_calling_policy",
@@ -50,10 +61,15 @@ JSON = dict[str, Any]
 
 @dataclass(frozen=True)
 class ScriptedReply:
-    """What the policy answers for one choice: text, tool calls `(name, args)`, or both."""
+    """What the policy answers for one choice: text, tool calls `(name, args)`, or both.
+
+    `logprobs` overrides the logprob of the content's first tokens, in order (for example
+    `float("-inf")`, which is sent as JSON `-Infinity`, as Python's `json` writes it).
+    """
 
     content: str | None = None
     tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    logprobs: Sequence[float] | None = None
 
 
 Policy = Callable[[JSON, int], "ScriptedReply | str"]
@@ -82,6 +98,11 @@ def _token_logprob(token: str, position: int) -> float:
     """A deterministic logprob in (-4.0001, -0.0001], derived from a hash of token and position."""
     digest = hashlib.sha256(f"{position}:{token}".encode()).digest()
     return -round(0.0001 + 4.0 * int.from_bytes(digest[:4], "big") / 2**32, 6)
+
+
+def token_id(token: str) -> int:
+    """A deterministic id for a token's text (the server's vocabulary is every string)."""
+    return 1000 + int.from_bytes(hashlib.sha256(token.encode()).digest()[:4], "big") % 150_000
 
 
 def token_logprobs(text: str, start: int = 0) -> list[JSON]:
@@ -137,6 +158,42 @@ def _function_tools(request: JSON) -> list[JSON]:
         for tool in request.get("tools") or []
         if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
     ]
+
+
+_CHATML_START, _CHATML_END = "<|im_start|>", "<|im_end|>\n"
+
+
+def _message_text(message: JSON) -> list[str]:
+    """The texts a message renders to: its content, then each tool call as the model writes it."""
+    texts = [_text(message.get("content"))] if message.get("content") else []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {} if isinstance(call, dict) else {}
+        try:
+            arguments = json.loads(function.get("arguments") or "{}")
+        except (TypeError, ValueError):
+            arguments = function.get("arguments")
+        texts.append(json.dumps({"name": function.get("name"), "arguments": arguments}))
+    return texts
+
+
+def render_prompt(request: JSON) -> list[str]:
+    """The prompt as pieces of a ChatML-like template, ending with the generation prompt.
+
+    Each piece is tokenized on its own, so the tokens of a conversation's next prompt
+    start with this prompt's tokens followed by the completion's (as with a real template).
+    """
+    pieces: list[str] = []
+    if request.get("tools"):
+        pieces += [_CHATML_START, "system\n", "<tools>", json.dumps(request["tools"]), _CHATML_END]
+    for message in request.get("messages") or []:
+        if isinstance(message, dict):
+            role = str(message.get("role") or "user")
+            pieces += [_CHATML_START, f"{role}\n", *_message_text(message), _CHATML_END]
+    return [*pieces, _CHATML_START, "assistant\n"]
+
+
+def _prompt_token_ids(request: JSON) -> list[int]:
+    return [token_id(token) for piece in render_prompt(request) for token in tokenize(piece)]
 
 
 def _prompt_key(request: JSON) -> str:
@@ -366,6 +423,8 @@ class _Generated:
 def _generate(reply: ScriptedReply) -> _Generated:
     """Turn a reply into message parts and logprobs over content then each tool call's JSON."""
     content_logprobs = token_logprobs(reply.content or "")
+    for entry, value in zip(content_logprobs, reply.logprobs or (), strict=False):
+        entry["logprob"] = value
     position = len(content_logprobs)
     tool_calls, tool_call_logprobs = [], []
     for name, args in reply.tool_calls:
@@ -384,10 +443,13 @@ def _generate(reply: ScriptedReply) -> _Generated:
     return _Generated(reply.content, content_logprobs, tool_calls, tool_call_logprobs)
 
 
-def _prompt_tokens(request: JSON) -> int:
-    messages = request.get("messages") or []
-    text = " ".join(_text(m.get("content")) for m in messages if isinstance(m, dict))
-    return len(tokenize(text)) + 3 * len(messages)
+def _token_ids(entries: list[JSON]) -> list[int]:
+    return [token_id(bytes(entry["bytes"]).decode()) for entry in entries]
+
+
+def _as_token_ids(entries: list[JSON]) -> list[JSON]:
+    """vLLM's `return_tokens_as_token_ids`: each token written `token_id:N`."""
+    return [{**entry, "token": f"token_id:{token_id(entry['token'])}"} for entry in entries]
 
 
 def _error(message: str, kind: str, code: str | None = None) -> JSON:
@@ -472,6 +534,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         for event in events:
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+            if self.server.owner.chunk_interval_s > 0:
+                self.wfile.flush()
+                time.sleep(self.server.owner.chunk_interval_s)
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
@@ -489,6 +554,7 @@ class LocalInferenceServer:
             default, so tests can check that it never reaches stored events.
         models: ids listed by `/v1/models` (the first is `chat_model()`'s default).
         latency_s: seconds to wait before answering each chat request.
+        chunk_interval_s: seconds to wait between the chunks of a streamed answer.
         fail_when: `fail_when(request_body) -> bool`; True answers HTTP 500 (error-path tests).
         host, port: where to listen; port 0 picks a free port.
     """
@@ -500,6 +566,7 @@ class LocalInferenceServer:
         api_key: str | None = None,
         models: Sequence[str] = ("test-model",),
         latency_s: float = 0.0,
+        chunk_interval_s: float = 0.0,
         fail_when: Callable[[JSON], bool] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -508,6 +575,7 @@ class LocalInferenceServer:
         self.api_key = api_key or "sk-local-" + secrets.token_hex(16)
         self.models = list(models)
         self.latency_s = latency_s
+        self.chunk_interval_s = chunk_interval_s
         self.fail_when = fail_when
         self.host = host
         self._requested_port = port
@@ -618,8 +686,11 @@ class LocalInferenceServer:
             return
         generated = [_generate(ScriptedReply(r) if isinstance(r, str) else r) for r in replies]
 
+        with_ids = request.get("return_token_ids") is True
+        as_ids = request.get("return_tokens_as_token_ids") is True
         completion_tokens = sum(len(g.logprobs) for g in generated)
-        prompt_tokens = _prompt_tokens(request)
+        prompt_ids = _prompt_token_ids(request)
+        prompt_tokens = len(prompt_ids)
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -631,49 +702,72 @@ class LocalInferenceServer:
             "model": request.get("model") or self.models[0],
             "system_fingerprint": "artstore-local",
         }
+        ids = _TokenIds(prompt_ids if with_ids else None, as_ids)
         if request.get("stream"):
             include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
-            handler.send_sse(_stream_chunks(header, generated, usage if include_usage else None))
+            chunks = _stream_chunks(header, generated, usage if include_usage else None, ids)
+            handler.send_sse(chunks)
             return
         handler._send_json(
             200,
             {
                 **header,
                 "object": "chat.completion",
-                "choices": [_choice(i, g) for i, g in enumerate(generated)],
+                "choices": [_choice(i, g, ids) for i, g in enumerate(generated)],
                 "usage": usage,
+                **({"prompt_token_ids": prompt_ids} if with_ids else {}),
             },
         )
 
 
-def _choice(index: int, generated: _Generated) -> JSON:
+@dataclass(frozen=True)
+class _TokenIds:
+    """What the request asked for: the prompt's token ids (None: not asked), ids as tokens."""
+
+    prompt: list[int] | None
+    as_tokens: bool
+
+    def entries(self, entries: list[JSON]) -> list[JSON]:
+        return _as_token_ids(entries) if self.as_tokens else entries
+
+
+def _choice(index: int, generated: _Generated, ids: _TokenIds) -> JSON:
     message: JSON = {"role": "assistant", "content": generated.content, "refusal": None}
     if generated.tool_calls:
         message["tool_calls"] = generated.tool_calls
-    return {
+    choice: JSON = {
         "index": index,
         "message": message,
         "finish_reason": generated.finish_reason,
-        "logprobs": {"content": generated.logprobs, "refusal": None},
+        "logprobs": {"content": ids.entries(generated.logprobs), "refusal": None},
     }
+    if ids.prompt is not None:
+        choice["token_ids"] = _token_ids(generated.logprobs)
+    return choice
 
 
-def _stream_chunks(header: JSON, generated: list[_Generated], usage: JSON | None) -> Iterator[JSON]:
+def _stream_chunks(
+    header: JSON, generated: list[_Generated], usage: JSON | None, ids: _TokenIds
+) -> Iterator[JSON]:
     """OpenAI `chat.completion.chunk` events: role, content tokens, tool calls, finish, usage."""
     base = {**header, "object": "chat.completion.chunk"}
+    first = True
 
     def chunk(index: int, delta: JSON, logprobs: list[JSON] | None = None, finish=None) -> JSON:
-        return {
-            **base,
-            "choices": [
-                {
-                    "index": index,
-                    "delta": delta,
-                    "logprobs": {"content": logprobs, "refusal": None} if logprobs else None,
-                    "finish_reason": finish,
-                }
-            ],
+        nonlocal first
+        choice: JSON = {
+            "index": index,
+            "delta": delta,
+            "logprobs": {"content": ids.entries(logprobs), "refusal": None} if logprobs else None,
+            "finish_reason": finish,
         }
+        if ids.prompt is not None:
+            choice["token_ids"] = _token_ids(logprobs or [])
+        event = {**base, "choices": [choice]}
+        if first and ids.prompt is not None:
+            event["prompt_token_ids"] = ids.prompt
+        first = False
+        return event
 
     for index, g in enumerate(generated):
         yield chunk(index, {"role": "assistant", "content": ""})

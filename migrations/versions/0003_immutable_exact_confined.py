@@ -189,14 +189,24 @@ def _create_reader_role() -> None:
             END $$
             """
         )
-    op.execute(f"GRANT USAGE ON SCHEMA public TO {READER_ROLE}")
-    for view in VIEW_NAMES:
-        op.execute(f"GRANT SELECT ON {view} TO {READER_ROLE}")
+    grant_reader()
     if superuser:
         # Without this, `SELECT set_config('role', 'none', true)` leaves the reader role.
         op.execute(
             "REVOKE EXECUTE ON FUNCTION pg_catalog.set_config(text, text, boolean) FROM PUBLIC"
         )
+
+
+def grant_reader() -> None:
+    """Let the reader role read the views (again: recreating a view drops its grants).
+
+    Later revisions that recreate the views call this too.
+    """
+    if op.get_bind().execute(sa.text(f"SELECT to_regrole('{READER_ROLE}') IS NULL")).scalar():
+        return
+    op.execute(f"GRANT USAGE ON SCHEMA public TO {READER_ROLE}")
+    for view in VIEW_NAMES:
+        op.execute(f"GRANT SELECT ON {view} TO {READER_ROLE}")
 
 
 def downgrade() -> None:

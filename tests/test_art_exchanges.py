@@ -1,0 +1,228 @@
+"""ART's own capture (ART >= 0.5.20): a rollout captured by `art.trajectory` is stored whole.
+
+An agent of the new ART runs inside `art.trajectory(...)` (or `with art.Trajectory():`),
+and ART's hooks on httpx capture each call's raw request and response into
+`Trajectory.exchanges`. Run inside `store.rollout(...)`, the same agent is recorded with
+no change, once per call, and `store.trajectory(id).exchanges` equals ART's, rebuilt by
+ART's own `build_exchange`. The CPU backend trains such trajectories as ART's trainer
+does: on the token ids the inference server returned.
+
+ART 0.5.18 has no `Trajectory.exchanges`: the whole module is left out there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+import art
+import openai
+import pytest
+from art.openai import consume_chat_completion_stream
+from sqlalchemy import select
+
+from artstore.art_versions import has_exchanges, trainable_model
+from artstore.backends.check_only import CheckOnlyBackend, TrajectoryCheckError
+from artstore.schema import tables as t
+from artstore.testing.inference_server import LocalInferenceServer
+
+if not has_exchanges():
+    pytest.skip("ART < 0.5.20 has no Trajectory.exchanges", allow_module_level=True)
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"zone": {"type": "string"}, "city": {"type": "string"}},
+                "required": ["zone", "city"],
+            },
+        },
+    }
+]
+
+
+async def trainable(server: LocalInferenceServer, tmp_path: Any) -> tuple[Any, CheckOnlyBackend]:
+    model = trainable_model(name="agent", project="tests", base_model="Qwen/Qwen2.5-0.5B")
+    backend = CheckOnlyBackend(
+        path=tmp_path / ".art", inference_base_url=server.base_url, inference_api_key=server.api_key
+    )
+    await model.register(backend)
+    return model, backend
+
+
+async def agent(client: Any, model: Any, question: str, *, stream: bool = False) -> str:
+    """An agent of the new ART: it just calls its model; ART captures the calls."""
+    messages: list[Any] = [{"role": "user", "content": question}]
+    while True:
+        options = {"model": model.get_inference_name(), "messages": messages, "tools": TOOLS}
+        if stream:
+            response = await client.chat.completions.create(
+                stream=True, stream_options={"include_usage": True}, logprobs=True, **options
+            )
+            completion = await consume_chat_completion_stream(response)
+        else:
+            completion = await client.chat.completions.create(logprobs=True, **options)
+        message = completion.choices[0].message
+        if not message.tool_calls:
+            return message.content or ""
+        messages.append(
+            {
+                "role": "assistant",
+                "content": message.content or "",
+                "tool_calls": [call.model_dump(mode="json") for call in message.tool_calls],
+            }
+        )
+        for call in message.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": "sunny"})
+
+
+async def rows(store: Any, query: Any) -> list[Any]:
+    async with store.database.read() as connection:
+        return list((await connection.execute(query)).all())
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("kind", ["art", "async"])
+async def test_a_rollout_captured_by_art_keeps_arts_exchanges(store, tmp_path, kind, stream):
+    async with LocalInferenceServer() as server:
+        model, _ = await trainable(server, tmp_path)
+        client = (
+            model.openai_client()
+            if kind == "art"
+            else openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
+        )
+        async with store.rollout(model, scenario={"city": "Oslo"}) as rollout:
+            captured = await art.trajectory(agent(client, model, "Oslo?", stream=stream))
+
+    assert len(captured.exchanges.chat_completions) == 2
+    projected = await store.trajectory(rollout.id)
+    assert projected.exchanges == captured.exchanges  # requests, responses, times
+    assert projected.exchanges.chat_completions[0].request == (
+        captured.exchanges.chat_completions[0].request
+    )
+    assert projected.messages_and_choices == [] and projected.additional_histories == []
+    assert projected.tools is None
+    calls = await rows(store, select(t.llm_calls).order_by(t.llm_calls.c.call_index))
+    assert [(c.source, c.art_exchange, c.streamed) for c in calls] == [("http", True, stream)] * 2
+    events = [e for e in await store.read_stream(rollout.stream_id) if e.type == "llm.call"]
+    assert len(events) == 2  # ART's capture and artstore's: one record per call
+
+
+async def test_calls_outside_arts_capture_are_recorded_but_not_exchanges(store, tmp_path):
+    async with LocalInferenceServer() as server:
+        model, _ = await trainable(server, tmp_path)
+        client = model.openai_client()
+        async with store.rollout(model) as rollout:
+            await agent(client, model, "Warm-up?")  # before ART captures anything
+            with art.Trajectory() as captured:
+                await agent(client, model, "Oslo?")
+            with art.trajectories.no_capture():
+                pass
+    projected = await store.trajectory(rollout.id)
+    assert projected.exchanges == captured.exchanges
+    calls = await rows(store, select(t.llm_calls).order_by(t.llm_calls.c.call_index))
+    assert [c.art_exchange for c in calls] == [False, False, True, True]
+
+
+async def test_concurrent_captured_rollouts_never_mix(store, tmp_path):
+    async with LocalInferenceServer() as server:
+        model, _ = await trainable(server, tmp_path)
+        client = model.openai_client()
+
+        async def one(index: int) -> tuple[str, art.Trajectory]:
+            async with store.rollout(model) as rollout:
+                captured = await art.trajectory(
+                    agent(client, model, f"City {index}?", stream=bool(index % 2))
+                )
+            return rollout.id, captured
+
+        done = await asyncio.gather(*(one(i) for i in range(12)))
+    projected = await store.trajectories([rollout_id for rollout_id, _ in done])
+    for rollout_id, captured in done:
+        assert projected[rollout_id].exchanges == captured.exchanges
+
+
+async def test_langchain_calls_inside_arts_capture_are_one_row_and_arts_exchanges(store):
+    from artstore.langgraph import init_chat_model
+
+    async with LocalInferenceServer() as server:
+        model = art.Model(
+            name="agent",
+            project="tests",
+            inference_base_url=server.base_url,
+            inference_api_key=server.api_key,
+            inference_model_name="test-model",
+        )
+        async with store.rollout(model) as rollout:
+
+            async def ask() -> None:
+                await init_chat_model().ainvoke("Weather in Oslo?")
+
+            captured = await art.trajectory(ask())
+    assert (await store.trajectory(rollout.id)).exchanges == captured.exchanges
+    (call,) = await rows(store, select(t.llm_calls))
+    assert call.source == "langchain"  # the LangChain record, superseding the HTTP one
+
+
+# --- training exchange trajectories ------------------------------------------------------------
+
+
+async def captured_group(store, server, model, client, size: int) -> art.TrajectoryGroup:
+    ids = []
+    for _ in range(size):
+        async with store.rollout(model) as rollout:
+            await art.trajectory(agent(client, model, "Oslo?"))
+        ids.append(rollout.id)
+    projected = await store.trajectories(ids)
+    return art.TrajectoryGroup(
+        [
+            projected[rollout_id].model_copy(update={"reward": float(index)})
+            for index, rollout_id in enumerate(ids)
+        ]
+    )
+
+
+async def test_the_cpu_backend_trains_exchange_trajectories_as_art_does(store, tmp_path):
+    async with LocalInferenceServer() as server:
+        model, backend = await trainable(server, tmp_path)
+        group = await captured_group(store, server, model, model.openai_client(), 3)
+        result = await backend.train(model, [group])
+        assert result.step == 1
+        assert backend.last_metrics["num_trainable_tokens"] > 0
+        assert backend.last_advantages[0][0] < 0 < backend.last_advantages[0][2]
+
+        # Without the server's token ids (a plain client asks for none), ART cannot train.
+        plain = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
+        untokenized = await captured_group(store, server, model, plain, 2)
+        with pytest.raises(TrajectoryCheckError, match="exact inference-provided token ids"):
+            await backend.train(model, [untokenized])
+
+        # A trajectory holding exchanges and legacy histories is refused, as ART refuses it
+        # (one gets there only by changing a list in place: ART validates the rest).
+        mixed = art.TrajectoryGroup([t.model_copy(deep=True) for t in group.trajectories])
+        mixed.trajectories[0].messages_and_choices.append({"role": "user", "content": "hi"})
+        with pytest.raises(TrajectoryCheckError, match="both captured exchanges and legacy"):
+            await backend.train(model, [mixed])
+
+
+async def test_the_prompt_token_ids_of_a_prompt_holding_a_key_are_dropped(store, tmp_path):
+    key = "sk-local-" + secrets.token_hex(16)
+    async with LocalInferenceServer(lambda request, index: "Noted.", api_key=key) as server:
+        model, _ = await trainable(server, tmp_path)
+        async with store.rollout(model) as rollout:
+            captured = await art.trajectory(
+                model.openai_client().chat.completions.create(
+                    model="agent",
+                    messages=[{"role": "user", "content": f"My key is {key}. Remember it."}],
+                )
+            )
+    assert "prompt_token_ids" in (captured.exchanges.chat_completions[0].response.model_extra)
+    projected = await store.trajectory(rollout.id)
+    (exchange,) = projected.exchanges.chat_completions
+    assert "prompt_token_ids" not in (exchange.response.model_extra or {})
+    assert "[REDACTED]" in exchange.request["messages"][0]["content"]
+    assert exchange.response.choices[0].model_extra.get("token_ids")  # the answer held no key
