@@ -106,3 +106,11 @@ class ExchangeFormatError(ArtstoreError, ValueError):
 
 class ImportConflictError(ArtstoreError):
     """An import would write rollouts or groups the store already holds from elsewhere."""
+
+
+class LeaseLostError(ArtstoreError):
+    """A worker's claim expired or was taken over: the database refused its write (fencing)."""
+
+
+class WrongDatabaseError(ConfigurationError):
+    """A worker and the run's trainer are not on the same database."""

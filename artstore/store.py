@@ -25,7 +25,7 @@ from artstore.urls import resolve_url
 if TYPE_CHECKING:
     import art
 
-    from artstore.capture.rollout import Rollout
+    from artstore.capture.rollout import EndCheck, Rollout
 
 
 class Store(EventStore):
@@ -47,10 +47,12 @@ class Store(EventStore):
         role: Literal["policy", "validation"] = "policy",
         policy_step: int | None = None,
         rollout_id: str | None = None,
+        end_check: EndCheck | None = None,
     ) -> AbstractAsyncContextManager[Rollout]:
         """Record a rollout of `model`: `async with store.rollout(model, scenario=s) as r:`.
 
-        See `artstore.capture.rollout` for what is recorded and when it is durable.
+        See `artstore.capture.rollout` for what is recorded and when it is durable, and
+        for `end_check` (a check in the transaction that records the rollout's end).
         """
         from artstore.capture.rollout import rollout
 
@@ -64,6 +66,7 @@ class Store(EventStore):
             role=role,
             policy_step=policy_step,
             rollout_id=rollout_id,
+            end_check=end_check,
         )
 
     # --- projections --------------------------------------------------------------------

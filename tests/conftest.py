@@ -83,3 +83,15 @@ async def store(database_url: str) -> AsyncIterator:
         yield opened
     finally:
         await opened.close()
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh PostgreSQL database, for what only PostgreSQL does (rollout workers)."""
+    admin_url = _postgres_admin_url()
+    assert admin_url is not None
+    conninfo, url = _create_postgres_database(admin_url)
+    try:
+        yield url
+    finally:
+        _drop_postgres_database(conninfo, url)

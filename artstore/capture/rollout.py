@@ -13,6 +13,10 @@ exception still reaches the caller), so a rollout is durable once its block has 
 The current rollout is a context variable: concurrent rollouts in concurrent tasks never
 see each other's calls, and LangGraph's worker threads (which copy the context) record
 into the rollout of the task that started them.
+
+`end_check(connection, event)` runs in the transaction that records the rollout's end
+(`rollout.finished` or `rollout.failed`); raising refuses that end. Rollout workers pass
+one that checks their lease (fencing): a worker whose claim expired cannot end the rollout.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import json
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -45,7 +49,12 @@ from artstore.eventstore.blobs import blob_hash, canonical_json
 from artstore.redaction import Redactor, redact_url
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
     from artstore.eventstore.store import AppendResult, EventStore
+
+# Checks the end of a rollout inside the transaction that records it (see the docstring).
+EndCheck = Callable[["Connection", "RolloutFinished | RolloutFailed"], None]
 
 CURRENT_ROLLOUT: contextvars.ContextVar[Rollout | None] = contextvars.ContextVar(
     "artstore_current_rollout", default=None
@@ -278,9 +287,16 @@ class Rollout:
             blobs[digest] = body
         return digest
 
-    def _append(self, event: Any, blobs: dict[str, str] | None = None) -> asyncio.Future:
+    def _append(
+        self, event: Any, blobs: dict[str, str] | None = None, end_check: EndCheck | None = None
+    ) -> asyncio.Future:
+        condition = None if end_check is None else (lambda c: end_check(c, event))
         future = self.store.append_nowait(
-            self.stream_id, [event], expected_version=self._version, blobs=blobs
+            self.stream_id,
+            [event],
+            expected_version=self._version,
+            blobs=blobs,
+            condition=condition,
         )
         self._version += 1
         self._pending.append(future)
@@ -327,6 +343,7 @@ async def rollout(
     role: Literal["policy", "validation"] = "policy",
     policy_step: int | None = None,
     rollout_id: str | None = None,
+    end_check: EndCheck | None = None,
 ) -> AsyncIterator[Rollout]:
     """Record a rollout of `model` (an `art.Model`, or anything with its inference fields)."""
     recorder = Rollout(
@@ -374,11 +391,12 @@ async def rollout(
         )
         await recorder._settle()
         recorder._ended = True
-        recorder._append(finished)  # checked above: the end of the stream is never missing
+        # Checked above: the end of the stream is never missing (unless `end_check` refuses).
+        recorder._append(finished, end_check=end_check)
     except BaseException as exc:  # the agent failed, its result is unusable, or a call was
         await recorder._settle()
         recorder._ended = True
-        recorder._append(recorder._failure(exc, time.monotonic() - clock))
+        recorder._append(recorder._failure(exc, time.monotonic() - clock), end_check=end_check)
         await recorder._settle()
         raise
     await recorder._settle()

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from artstore.cli import db, demo, exchange, replay, rescore, runs, sql
+from artstore.cli import db, demo, exchange, replay, rescore, runs, sql, worker
 from artstore.cli.shared import State
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -37,6 +37,7 @@ app.command("show")(runs.show)
 app.command("sql")(sql.sql)
 app.command("export")(exchange.export)
 app.command("import")(exchange.import_)
+app.command("worker")(worker.worker)
 app.command("demo")(demo.demo)
 app.add_typer(db.app, name="db")
 

@@ -333,8 +333,14 @@ class TrainingFramework:
 
         `run` defaults to the model's "project/name": running the same script again after
         a crash resumes it. The settings that shape the groups (scenarios, batch and group
-        sizes, validation model, scorer) must be those the run started with; `epochs` may
-        grow. A second trainer on the same run and model gets TrainerConflictError.
+        sizes, validation model, scorer, who rolls out) must be those the run started
+        with; `epochs` may grow. A second trainer on the same run and model gets
+        TrainerConflictError.
+
+        With `config.rollouts == "workers"` (PostgreSQL only) this process rolls out
+        nothing: it publishes the run's groups for rollout workers (`artstore worker`,
+        `artstore.workers.run_worker`) and trains each batch as soon as workers sealed it
+        (`artstore.training.from_workers`).
         """
         if not isinstance(config, TrainingConfig):
             raise ConfigurationError("config must be an artstore.TrainingConfig")
@@ -359,6 +365,10 @@ class TrainingFramework:
         self._active_runs += 1
         try:
             store = await self.store()
+            if config.rollouts == "workers":
+                from artstore.workers.claims import require_postgres
+
+                require_postgres(store.database, "TrainingConfig(rollouts='workers')")
             # Keys of the models in use never reach an event (agent errors quote them).
             store.redact.add(
                 [getattr(m, "inference_api_key", None) for m in (model, validation_model)],
@@ -401,6 +411,7 @@ class TrainingFramework:
         summary.start_step = await model.get_step()
         indexed = list(enumerate(scenarios))
         batches_per_epoch = -(-len(scenarios) // config.batch_size)
+        batches: list[tuple[list[_Place], list[Any]]] = []
         for epoch in range(config.epochs):
             for number, batch in enumerate(batched(indexed, config.batch_size)):
                 places = [
@@ -413,9 +424,15 @@ class TrainingFramework:
                     )
                     for index, _ in batch
                 ]
-                await self._train_batch(
-                    store, places, [s for _, s in batch], recipe, config, summary
-                )
+                batches.append((places, [s for _, s in batch]))
+        if config.rollouts == "workers":
+            from artstore.training.from_workers import train_from_workers
+
+            places_only = [places for places, _ in batches]
+            await train_from_workers(store, run, places_only, config, recipe, summary)
+            return
+        for places, batch_scenarios in batches:
+            await self._train_batch(store, places, batch_scenarios, recipe, config, summary)
 
     async def _train_batch(
         self,
@@ -585,6 +602,7 @@ class TrainingFramework:
                 ("validation model", started.validation_model, validation_name),
                 ("validation_samples", samples_then, samples_now),
                 ("scorer", started.scorer, config.scorer),
+                ("rollouts", started.config.get("rollouts", "in_process"), config.rollouts),
             ]
             if then != now
         ]
