@@ -25,7 +25,7 @@ from artstore.urls import resolve_url
 if TYPE_CHECKING:
     import art
 
-    from artstore.capture.rollout import EndCheck, Rollout
+    from artstore.capture.rollout import Rollout, RolloutCheck
 
 
 class Store(EventStore):
@@ -47,12 +47,12 @@ class Store(EventStore):
         role: Literal["policy", "validation"] = "policy",
         policy_step: int | None = None,
         rollout_id: str | None = None,
-        end_check: EndCheck | None = None,
+        check: RolloutCheck | None = None,
     ) -> AbstractAsyncContextManager[Rollout]:
         """Record a rollout of `model`: `async with store.rollout(model, scenario=s) as r:`.
 
         See `artstore.capture.rollout` for what is recorded and when it is durable, and
-        for `end_check` (a check in the transaction that records the rollout's end).
+        for `check` (run in the transactions that record the rollout's start and end).
         """
         from artstore.capture.rollout import rollout
 
@@ -66,7 +66,7 @@ class Store(EventStore):
             role=role,
             policy_step=policy_step,
             rollout_id=rollout_id,
-            end_check=end_check,
+            check=check,
         )
 
     # --- projections --------------------------------------------------------------------

@@ -32,6 +32,7 @@ from typer.testing import CliRunner
 import artstore
 from artstore.cli import app
 from artstore.errors import (
+    ArtstoreError,
     ConfigurationError,
     LeaseLostError,
     NotFoundError,
@@ -128,7 +129,7 @@ async def end_rollout(store: artstore.Store, claim: claims.RolloutClaim) -> None
         group_id=claim.group_id,
         role="policy",
         rollout_id=claim.rollout_id,
-        end_check=claims.rollout_end_check(claim),
+        check=claims.rollout_check(claim),
     ) as rollout:
         rollout.result = "done"
 
@@ -169,8 +170,9 @@ async def test_an_expired_lease_is_claimed_again_and_the_stale_end_is_refused(pg
             run=RUN,
             group_id=stale.group_id,
             rollout_id=stale.rollout_id,
-            end_check=claims.rollout_end_check(stale),
+            check=claims.rollout_check(stale),
         ) as rollout:
+            await pg_store.flush()  # its start is recorded while the lease holds
             await expire(pg_store, t.rollout_claims, group_id=stale.group_id)
             (fresh,) = await claims.claim_rollouts(pg_store.database, RUN, "fresh", 1, 30)
             rollout.result = "too late"
@@ -192,15 +194,30 @@ async def test_an_expired_lease_is_claimed_again_and_the_stale_end_is_refused(pg
 
 
 async def test_a_lease_that_expired_is_refused_even_if_nobody_claimed_it(pg_store):
-    await register(pg_store, batches=[0], group_size=1)
-    (claim,) = await claims.claim_rollouts(pg_store.database, RUN, "slow", 1, 30)
-    await expire(pg_store, t.rollout_claims, group_id=claim.group_id)
-    with pytest.raises(LeaseLostError):
-        await end_rollout(pg_store, claim)
-    lost, _ = await claims.renew(pg_store.database, [claim], [], 30)
-    assert lost == [claim]  # an expired lease is not renewed either
-    (slot,) = await rows(pg_store, t.rollout_claims)
-    assert slot.status == "claimed" and slot.token == claim.token  # free for the next claimer
+    await register(pg_store, batches=[0, 0], group_size=1)
+    started, idle = await claims.claim_rollouts(pg_store.database, RUN, "slow", 2, 30)
+    with pytest.raises(LeaseLostError, match="refused to record its end"):
+        async with pg_store.rollout(
+            model_of(),
+            run=RUN,
+            group_id=started.group_id,
+            rollout_id=started.rollout_id,
+            check=claims.rollout_check(started),
+        ) as rollout:
+            await pg_store.flush()
+            await expire(pg_store, t.rollout_claims, group_id=started.group_id)
+            rollout.result = "too late"
+    # A rollout whose lease expired before it started is not even started.
+    await expire(pg_store, t.rollout_claims, group_id=idle.group_id)
+    with pytest.raises(ArtstoreError) as refused:
+        await end_rollout(pg_store, idle)
+    assert "refused to record its start" in str(refused.value.__context__)
+    assert await pg_store.read_stream(f"rollout-{idle.rollout_id}") == []
+
+    lost, _ = await claims.renew(pg_store.database, [started, idle], [], 30)
+    assert lost == [started, idle]  # an expired lease is not renewed either
+    slots = await rows(pg_store, t.rollout_claims)
+    assert {(s.status, s.token) for s in slots} == {("claimed", 1)}  # for the next claimer
 
 
 async def test_the_heartbeat_extends_held_leases_and_reports_lost_ones(pg_store):

@@ -14,9 +14,10 @@ The current rollout is a context variable: concurrent rollouts in concurrent tas
 see each other's calls, and LangGraph's worker threads (which copy the context) record
 into the rollout of the task that started them.
 
-`end_check(connection, event)` runs in the transaction that records the rollout's end
-(`rollout.finished` or `rollout.failed`); raising refuses that end. Rollout workers pass
-one that checks their lease (fencing): a worker whose claim expired cannot end the rollout.
+`check(connection, event)` runs in the transaction that records the rollout's start
+(`rollout.started`) and in the one that records its end (`rollout.finished` or
+`rollout.failed`); raising refuses that event. Rollout workers pass one that checks their
+lease (fencing): a worker whose claim expired can neither start nor end the rollout.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ if TYPE_CHECKING:
 
     from artstore.eventstore.store import AppendResult, EventStore
 
-# Checks the end of a rollout inside the transaction that records it (see the docstring).
-EndCheck = Callable[["Connection", "RolloutFinished | RolloutFailed"], None]
+# Checks the start and the end of a rollout in the transactions that record them.
+RolloutCheck = Callable[["Connection", "RolloutStarted | RolloutFinished | RolloutFailed"], None]
 
 CURRENT_ROLLOUT: contextvars.ContextVar[Rollout | None] = contextvars.ContextVar(
     "artstore_current_rollout", default=None
@@ -288,9 +289,9 @@ class Rollout:
         return digest
 
     def _append(
-        self, event: Any, blobs: dict[str, str] | None = None, end_check: EndCheck | None = None
+        self, event: Any, blobs: dict[str, str] | None = None, check: RolloutCheck | None = None
     ) -> asyncio.Future:
-        condition = None if end_check is None else (lambda c: end_check(c, event))
+        condition = None if check is None else (lambda c: check(c, event))
         future = self.store.append_nowait(
             self.stream_id,
             [event],
@@ -343,7 +344,7 @@ async def rollout(
     role: Literal["policy", "validation"] = "policy",
     policy_step: int | None = None,
     rollout_id: str | None = None,
-    end_check: EndCheck | None = None,
+    check: RolloutCheck | None = None,
 ) -> AsyncIterator[Rollout]:
     """Record a rollout of `model` (an `art.Model`, or anything with its inference fields)."""
     recorder = Rollout(
@@ -371,7 +372,7 @@ async def rollout(
         else None,
         started_at=datetime.now(UTC),
     )
-    recorder._append(started)
+    recorder._append(started, check=check)
     clock = time.monotonic()
     token = CURRENT_ROLLOUT.set(recorder)
     art_token = _install_art_logger(recorder)
@@ -391,12 +392,12 @@ async def rollout(
         )
         await recorder._settle()
         recorder._ended = True
-        # Checked above: the end of the stream is never missing (unless `end_check` refuses).
-        recorder._append(finished, end_check=end_check)
+        # Checked above: the end of the stream is never missing (unless `check` refuses).
+        recorder._append(finished, check=check)
     except BaseException as exc:  # the agent failed, its result is unusable, or a call was
         await recorder._settle()
         recorder._ended = True
-        recorder._append(recorder._failure(exc, time.monotonic() - clock), end_check=end_check)
+        recorder._append(recorder._failure(exc, time.monotonic() - clock), check=check)
         await recorder._settle()
         raise
     await recorder._settle()

@@ -9,9 +9,11 @@ A claim is a lease: `lease_expires_at`, in the database's clock, renewed by the 
 heartbeat (`renew`). A claim whose lease expired can be claimed again, and every claim
 adds one to the row's `token`. The write that ends a claimed rollout (`rollout.finished`
 or `rollout.failed`) and the write that seals a group run a check in their own
-transaction (`rollout_end_check`, `seal_check`) that the token is still the claimer's and
+transaction (`rollout_check`, `seal_check`) that the token is still the claimer's and
 the lease has not expired: a worker that was paused, cut off or presumed dead has its
-write refused by the database (LeaseLostError), whatever it believes.
+write refused by the database (LeaseLostError), whatever it believes. The write that
+starts a claimed rollout is checked too, so that a stale worker cannot start a rollout
+that nobody would end.
 
 Slots are claimed in batch order, and only up to `max_steps_off_policy` batches past the
 one the trainer trains next (`worker_runs.next_batch`): a rollout is never trained more
@@ -387,61 +389,68 @@ async def claim_rollouts(
     """Claim up to `limit` open slots (or slots whose lease expired), lowest batch first."""
     if limit <= 0:
         return []
-    within_bound = (
-        select(worker_runs.c.next_batch + worker_runs.c.max_steps_off_policy)
+    # The run's row is read under a share lock: the trainer cannot move the policy step
+    # between the bound used here and the step recorded with the claim.
+    progress = (
+        select(
+            worker_runs.c.policy_step,
+            worker_runs.c.next_batch + worker_runs.c.max_steps_off_policy,
+        )
         .where(worker_runs.c.run == run, worker_runs.c.status == "open")
-        .scalar_subquery()
-    )
-    candidates = (
-        select(rollout_claims.c.group_id, rollout_claims.c.slot, rollout_claims.c.rollout_id)
-        .where(
-            rollout_claims.c.run == run,
-            or_(
-                rollout_claims.c.status == "open",
-                and_(
-                    rollout_claims.c.status == "claimed", rollout_claims.c.lease_expires_at < NOW()
-                ),
-            ),
-            rollout_claims.c.batch <= within_bound,
-        )
-        .order_by(rollout_claims.c.batch, rollout_claims.c.group_id, rollout_claims.c.slot)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-        .cte("candidates")
-    )
-    claim = (
-        update(rollout_claims)
-        .where(
-            rollout_claims.c.group_id == candidates.c.group_id,
-            rollout_claims.c.slot == candidates.c.slot,
-        )
-        .values(
-            status="claimed",
-            token=rollout_claims.c.token + 1,
-            worker=worker,
-            rollout_id=cast(func.gen_random_uuid(), String),
-            attempts=rollout_claims.c.attempts + 1,
-            lease_expires_at=NOW() + timedelta(seconds=lease_s),
-            updated_at=NOW(),
-        )
-        .returning(
-            rollout_claims.c.group_id,
-            rollout_claims.c.slot,
-            rollout_claims.c.token,
-            rollout_claims.c.batch,
-            rollout_claims.c.role,
-            rollout_claims.c.rollout_id,
-            candidates.c.rollout_id.label("previous_rollout_id"),
-        )
+        .with_for_update(read=True)
     )
 
-    async def work(connection: AsyncConnection) -> list[RolloutClaim]:
-        step = (
-            await connection.execute(
-                select(worker_runs.c.policy_step).where(worker_runs.c.run == run)
+    def claim(last_batch: int) -> Any:
+        candidates = (
+            select(rollout_claims.c.group_id, rollout_claims.c.slot, rollout_claims.c.rollout_id)
+            .where(
+                rollout_claims.c.run == run,
+                or_(
+                    rollout_claims.c.status == "open",
+                    and_(
+                        rollout_claims.c.status == "claimed",
+                        rollout_claims.c.lease_expires_at < NOW(),
+                    ),
+                ),
+                rollout_claims.c.batch <= last_batch,
             )
-        ).scalar()
-        claimed = (await connection.execute(claim)).all()
+            .order_by(rollout_claims.c.batch, rollout_claims.c.group_id, rollout_claims.c.slot)
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+            .cte("candidates")
+        )
+        return (
+            update(rollout_claims)
+            .where(
+                rollout_claims.c.group_id == candidates.c.group_id,
+                rollout_claims.c.slot == candidates.c.slot,
+            )
+            .values(
+                status="claimed",
+                token=rollout_claims.c.token + 1,
+                worker=worker,
+                rollout_id=cast(func.gen_random_uuid(), String),
+                attempts=rollout_claims.c.attempts + 1,
+                lease_expires_at=NOW() + timedelta(seconds=lease_s),
+                updated_at=NOW(),
+            )
+            .returning(
+                rollout_claims.c.group_id,
+                rollout_claims.c.slot,
+                rollout_claims.c.token,
+                rollout_claims.c.batch,
+                rollout_claims.c.role,
+                rollout_claims.c.rollout_id,
+                candidates.c.rollout_id.label("previous_rollout_id"),
+            )
+        )
+
+    async def work(connection: AsyncConnection) -> list[RolloutClaim]:
+        found = (await connection.execute(progress)).first()
+        if found is None:  # not registered, or the trainer closed the run
+            return []
+        step, last_batch = found
+        claimed = (await connection.execute(claim(last_batch))).all()
         if not claimed:
             return []
         places = await _places(connection, {row.group_id for row in claimed})
@@ -699,16 +708,24 @@ async def seconds_to_next_expiry(database: Database, run: str) -> float | None:
 # --- fencing: checks inside the transactions that end a claim -------------------------------
 
 
-def rollout_end_check(claim: RolloutClaim) -> Callable[[Connection, Any], None]:
-    """The check that records the end of a claimed rollout (`store.rollout(end_check=...)`).
+def rollout_check(claim: RolloutClaim) -> Callable[[Connection, Any], None]:
+    """The fence of a claimed rollout (`store.rollout(check=...)`).
 
-    In the transaction of `rollout.finished` / `rollout.failed`: the slot must still be
-    claimed under this claim's token with a lease that has not expired, or LeaseLostError
-    refuses the end. The slot becomes `finished` or `failed` (or `open` again, when the
-    worker stopped the rollout itself), and the group `sealable` when it was the last.
+    In the transactions of `rollout.started`, `rollout.finished` and `rollout.failed`: the
+    slot must still be claimed under this claim's token, with a lease that has not
+    expired, or LeaseLostError refuses the event. At the end the slot becomes `finished`
+    or `failed` (or `open` again, when the worker stopped the rollout itself), and the
+    group `sealable` when it was its last slot.
     """
 
     def check(connection: Connection, event: Any) -> None:
+        if event.type == "rollout.started":
+            held = connection.execute(
+                select(rollout_claims.c.slot).where(*_holding_slot(claim))
+            ).first()
+            if held is None:
+                raise _slot_lost(claim, "start")
+            return
         if getattr(event, "error_type", None) in REDO_ERRORS:
             status = "open"
         else:
@@ -722,22 +739,12 @@ def rollout_end_check(claim: RolloutClaim) -> Callable[[Connection, Any], None]:
         ).scalar()
         ended = connection.execute(
             update(rollout_claims)
-            .where(
-                rollout_claims.c.group_id == claim.group_id,
-                rollout_claims.c.slot == claim.slot,
-                rollout_claims.c.token == claim.token,
-                rollout_claims.c.status == "claimed",
-                rollout_claims.c.lease_expires_at > NOW(),
-            )
+            .where(*_holding_slot(claim))
             .values(status=status, lease_expires_at=None, updated_at=NOW())
             .returning(rollout_claims.c.slot)
         ).first()
         if ended is None:
-            raise LeaseLostError(
-                f"rollout {claim.rollout_id} (group {claim.group_id}, slot {claim.slot}): "
-                "this worker's lease expired or another worker claimed it; the database "
-                "refused to record its end"
-            )
+            raise _slot_lost(claim, "end")
         if status == "open":
             notify_sync(connection, claim.run, "work")
             return
@@ -758,6 +765,24 @@ def rollout_end_check(claim: RolloutClaim) -> Callable[[Connection, Any], None]:
             notify_sync(connection, claim.run, "sealable")
 
     return check
+
+
+def _holding_slot(claim: RolloutClaim) -> list[Any]:
+    return [
+        rollout_claims.c.group_id == claim.group_id,
+        rollout_claims.c.slot == claim.slot,
+        rollout_claims.c.token == claim.token,
+        rollout_claims.c.status == "claimed",
+        rollout_claims.c.lease_expires_at > NOW(),
+    ]
+
+
+def _slot_lost(claim: RolloutClaim, what: str) -> LeaseLostError:
+    return LeaseLostError(
+        f"rollout {claim.rollout_id} (group {claim.group_id}, slot {claim.slot}): this "
+        f"worker's lease expired or another worker claimed it; the database refused to "
+        f"record its {what}"
+    )
 
 
 def seal_check(claim: SealClaim) -> Callable[[Connection], None]:

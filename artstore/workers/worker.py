@@ -31,13 +31,13 @@ The inference API key is never stored: a worker takes it from its caller (`api_k
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import inspect
 import logging
 import os
 import secrets
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -184,7 +184,7 @@ class Worker:
         self.registered: claims.RunRegistration | None = None
         self._rollouts: dict[asyncio.Task[None], RolloutClaim] = {}
         self._seals: dict[asyncio.Task[None], SealClaim] = {}
-        self._lost: set[asyncio.Task[None]] = set()  # cancelled by the heartbeat
+        self._heartbeat = Heartbeat(self.lease_s, self._on_lost)
         self._wakeups: Wakeups | None = None
         store.redact.add([key for key in api_keys.values()])
 
@@ -200,7 +200,7 @@ class Worker:
                 self.reward = _registered_reward(self.registered)
             self.started = await _run_started(self.store, self.run_name)
             log.info("worker %s: working on run %s", self.id, self.run_name)
-            heartbeat = asyncio.create_task(self._heartbeat(), name="artstore-heartbeat")
+            self._heartbeat.start(self.database.url, asyncio.get_running_loop())
             stopping = asyncio.create_task(self.stop.wait())
             stopping.add_done_callback(lambda _: wakeups.poke("stop"))
             try:
@@ -208,9 +208,7 @@ class Worker:
             finally:
                 stopping.cancel()
                 await self._stop_tasks()
-                heartbeat.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await heartbeat
+                await asyncio.to_thread(self._heartbeat.stop)
         log.info("worker %s: %s", self.id, self.summary)
         return self.summary
 
@@ -260,14 +258,22 @@ class Worker:
     def _start(self, work: Any, tasks: dict[asyncio.Task[None], Any], claim: Any) -> None:
         task = asyncio.create_task(work)
         tasks[task] = claim
+        self._heartbeat.hold(claim)
 
         def done(finished: asyncio.Task[None]) -> None:
             tasks.pop(finished, None)
-            self._lost.discard(finished)
+            self._heartbeat.drop(claim)
             if self._wakeups is not None:
                 self._wakeups.poke("done")
 
         task.add_done_callback(done)
+
+    def _on_lost(self, claim: RolloutClaim | SealClaim) -> None:
+        """The heartbeat found a lease lost: stop what this worker does under it."""
+        for task, held in [*self._rollouts.items(), *self._seals.items()]:
+            if held is claim:
+                log.warning("worker %s: lease lost on %s; stopping it", self.id, claim)
+                task.cancel()
 
     async def _idle_timeout(self) -> float:
         """Until the next notification, the next lease that expires, or the safety net."""
@@ -280,29 +286,6 @@ class Worker:
         if expiry is None:
             return SAFETY_NET_S
         return min(SAFETY_NET_S, max(0.05, expiry + 0.05))
-
-    async def _heartbeat(self) -> None:
-        """Renew the leases held; stop the rollouts and seals whose lease was lost."""
-        interval = self.lease_s / 3
-        while True:
-            await asyncio.sleep(interval)
-            rollouts = {t: c for t, c in self._rollouts.items() if t not in self._lost}
-            seals = {t: c for t, c in self._seals.items() if t not in self._lost}
-            if not rollouts and not seals:
-                continue
-            try:
-                lost_rollouts, lost_seals = await claims.renew(
-                    self.database, list(rollouts.values()), list(seals.values()), self.lease_s
-                )
-            except DatabaseUnavailableError as exc:
-                self._note(f"heartbeat: database unavailable: {exc}")
-                continue
-            lost = {id(c) for c in [*lost_rollouts, *lost_seals]}
-            for task, claim in [*rollouts.items(), *seals.items()]:
-                if id(claim) in lost:
-                    log.warning("worker %s: lease lost on %s; stopping it", self.id, claim)
-                    self._lost.add(task)
-                    task.cancel()
 
     async def _stop_tasks(self) -> None:
         tasks = [*self._rollouts, *self._seals]
@@ -329,7 +312,7 @@ class Worker:
                 role=claim.role,  # type: ignore[arg-type]
                 policy_step=claim.policy_step if claim.role == "policy" else None,
                 rollout_id=claim.rollout_id,
-                end_check=claims.rollout_end_check(claim),
+                check=claims.rollout_check(claim),
             ) as recorder:
                 result = self.agent(copy.deepcopy(scenario), recorder.id)
                 if inspect.isawaitable(result):
@@ -504,6 +487,67 @@ class Worker:
         log.warning("worker %s: %s", self.id, message)
         if len(self.summary.errors) < 20:
             self.summary.errors.append(message.splitlines()[0] if message else message)
+
+
+class Heartbeat:
+    """Renews a worker's leases from a thread of its own, on a connection of its own.
+
+    So an agent that blocks the event loop for a while (a synchronous tool, a slow first
+    import) does not cost its worker the leases; a paused, killed or cut-off process still
+    loses them, as it should. Lost claims are handed to `on_lost` on the worker's loop.
+    """
+
+    def __init__(self, lease_s: float, on_lost: Callable[[Any], None]) -> None:
+        self.lease_s = lease_s
+        self.on_lost = on_lost
+        self._held: dict[int, RolloutClaim | SealClaim] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def hold(self, claim: RolloutClaim | SealClaim) -> None:
+        with self._lock:
+            self._held[id(claim)] = claim
+
+    def drop(self, claim: RolloutClaim | SealClaim) -> None:
+        with self._lock:
+            self._held.pop(id(claim), None)
+
+    def start(self, url: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._beat(url, loop)),
+            name="artstore-heartbeat",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    async def _beat(self, url: Any, loop: asyncio.AbstractEventLoop) -> None:
+        from artstore.eventstore.database import connect
+
+        database = connect(url)  # engines of this thread's own loop
+        try:
+            while not self._stopped.wait(self.lease_s / 3):
+                with self._lock:
+                    held = list(self._held.values())
+                rollouts = [c for c in held if isinstance(c, RolloutClaim)]
+                seals = [c for c in held if isinstance(c, SealClaim)]
+                if not held:
+                    continue
+                try:
+                    lost = await claims.renew(database, rollouts, seals, self.lease_s)
+                except DatabaseUnavailableError as exc:
+                    log.warning("heartbeat: database unavailable (%s); retrying", exc)
+                    continue
+                for claim in [*lost[0], *lost[1]]:
+                    self.drop(claim)
+                    loop.call_soon_threadsafe(self.on_lost, claim)
+        finally:
+            await database.dispose()
 
 
 WORKER_GONE = (
