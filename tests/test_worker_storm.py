@@ -208,7 +208,7 @@ async def run_storm(
             await storm_.kill(storm_.trainer, "trainer")
             storm_.start_trainer()
         else:
-            slot = rng.choice([s for s in range(WORKERS) if s not in spared])
+            slot = await busy_worker(storm_, store, spared, rng)
             await storm_.kill(storm_.workers[slot], "worker")
             storm_.start_worker(slot)
         kills += 1
@@ -220,6 +220,26 @@ async def run_storm(
         await asyncio.to_thread(process.join, 60)
         assert process.exitcode == 0, f"worker {process.pid} exited {process.exitcode}"
     return paused, cut
+
+
+async def busy_worker(
+    storm_: Storm, store: artstore.Store, spared: set[int], rng: random.Random
+) -> int:
+    """A worker with a rollout in flight (started, not ended), if one shows up soon."""
+    slots = [s for s in range(WORKERS) if s not in spared]
+    in_flight = (
+        select(t.rollout_claims.c.worker)
+        .join(t.rollouts, t.rollouts.c.rollout_id == t.rollout_claims.c.rollout_id)
+        .where(t.rollout_claims.c.status == "claimed", t.rollouts.c.status == "running")
+    )
+    for _ in range(50):
+        async with store.database.read() as connection:
+            busy = {row.worker.split(":")[1] for row in await connection.execute(in_flight)}
+        found = [s for s in slots if str(storm_.workers[s].pid) in busy]
+        if found:
+            return rng.choice(found)
+        await asyncio.sleep(0.02)
+    return rng.choice(slots)
 
 
 async def pause_a_worker_past_its_lease(
