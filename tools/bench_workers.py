@@ -12,9 +12,10 @@ groups on the CPU):
   rollouts at a time each), for N = 1, 2, 4, 8, each on a fresh PostgreSQL database;
 - `in-process`: `TrainingFramework` rolling out in this process (a batch's 32 rollouts
   at once, then its train step), on PostgreSQL;
-- `PipelineTrainer` (ART >= 0.5.20 only): ART's own pipeline with 32 rollout workers
-  (the concurrency of 8 artstore workers), the same agent written against the OpenAI
-  client, batches of 8 groups, `max_steps_off_policy=1`, the same backend; no store.
+- `PipelineTrainer` (ART >= 0.5.20 only): ART's own pipeline with 8 rollout workers of a
+  group of 4 rollouts each (the 32 rollouts at once of 8 artstore workers), the same agent
+  written against the OpenAI client, batches of 8 groups, `max_steps_off_policy=1`, the
+  same backend; no store.
 
 Rollouts per second is the number of finished rollouts divided by the time from the first
 rollout's start to the last one's end (read from the event log for artstore, from the
@@ -304,7 +305,13 @@ async def measure_pipeline(server: Any, workdir: Path, steps: int, workers: int)
         while True:
             yield from SCENARIOS
 
-    trainer = PipelineTrainer(
+    class Pipeline(PipelineTrainer):
+        def _validate_backend_support(self) -> None:
+            # ART imports LocalBackend (and with it torch, not installed here) only to ask
+            # whether the backend is one; ours is not, and it has no eval to check.
+            pass
+
+    trainer = Pipeline(
         model,
         backend,
         rollout_fn,
@@ -324,7 +331,7 @@ async def measure_pipeline(server: Any, workdir: Path, steps: int, workers: int)
     first = min(start for start, _ in spans)
     last = max(end for _, end in spans)
     waits = [trained_at[g] - returned[g] for g in returned if g in trained_at]
-    return Result("PipelineTrainer", 1, workers, len(spans), last - first, waits)
+    return Result("PipelineTrainer", 1, workers * GROUP_SIZE, len(spans), last - first, waits)
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -421,7 +428,7 @@ async def run(args: argparse.Namespace) -> int:
             # A server thread per request: it never limits the rollouts in flight.
             async with LocalInferenceServer(latency_s=latency) as server:
                 for count in counts:
-                    epochs = 1 if args.quick else count + 1
+                    epochs = 2 if args.quick else count + 1
                     result = await measure_workers(
                         count, context, databases, server, workdir, epochs
                     )
@@ -431,9 +438,9 @@ async def run(args: argparse.Namespace) -> int:
                 results.append(await measure_in_process(databases, server, workdir, epochs))
                 if has_exchanges():
                     steps = 1 if args.quick else 4
-                    pipeline = await measure_pipeline(
-                        server, workdir, steps, max(counts) * CONCURRENCY
-                    )
+                    # As many rollouts at once as the most workers run: groups of 4.
+                    groups_at_once = max(1, max(counts) * CONCURRENCY // GROUP_SIZE)
+                    pipeline = await measure_pipeline(server, workdir, steps, groups_at_once)
                     results.append(pipeline)
                 else:
                     console.print("PipelineTrainer: needs ART >= 0.5.20 (not installed here)")

@@ -383,93 +383,58 @@ async def check_same_database(database: Database, registered: RunRegistration) -
         )
 
 
+@dataclass(frozen=True)
+class Claimed:
+    """What one claiming transaction found: the run's registration and the new claims."""
+
+    registration: RunRegistration | None
+    seals: list[SealClaim]
+    rollouts: list[RolloutClaim]
+
+
+async def claim_work(
+    database: Database, run: str, worker: str, limit: int, lease_s: float
+) -> Claimed:
+    """In one transaction: the run's registration, then up to `limit` claims, seals first
+    (they unblock the trainer), then rollout slots (lowest batch first, within the bound).
+
+    The registration is read under a share lock, so that the trainer cannot move the
+    policy step between the off-policy bound used here and the step given to the claims.
+    """
+
+    async def work(connection: AsyncConnection) -> Claimed:
+        row = (
+            await connection.execute(
+                select(worker_runs).where(worker_runs.c.run == run).with_for_update(read=True)
+            )
+        ).first()
+        registration = None if row is None else RunRegistration(**row._asdict())
+        if registration is None or registration.status != "open" or limit <= 0:
+            return Claimed(registration, [], [])
+        seals = await _claim_seals(connection, run, worker, limit, lease_s)
+        rollouts = await _claim_rollouts(
+            connection, registration, worker, limit - len(seals), lease_s
+        )
+        return Claimed(registration, seals, rollouts)
+
+    return await _write(database, work)
+
+
 async def claim_rollouts(
     database: Database, run: str, worker: str, limit: int, lease_s: float
 ) -> list[RolloutClaim]:
     """Claim up to `limit` open slots (or slots whose lease expired), lowest batch first."""
-    if limit <= 0:
-        return []
-    # The run's row is read under a share lock: the trainer cannot move the policy step
-    # between the bound used here and the step recorded with the claim.
-    progress = (
-        select(
-            worker_runs.c.policy_step,
-            worker_runs.c.next_batch + worker_runs.c.max_steps_off_policy,
-        )
-        .where(worker_runs.c.run == run, worker_runs.c.status == "open")
-        .with_for_update(read=True)
-    )
-
-    def claim(last_batch: int) -> Any:
-        candidates = (
-            select(rollout_claims.c.group_id, rollout_claims.c.slot, rollout_claims.c.rollout_id)
-            .where(
-                rollout_claims.c.run == run,
-                or_(
-                    rollout_claims.c.status == "open",
-                    and_(
-                        rollout_claims.c.status == "claimed",
-                        rollout_claims.c.lease_expires_at < NOW(),
-                    ),
-                ),
-                rollout_claims.c.batch <= last_batch,
-            )
-            .order_by(rollout_claims.c.batch, rollout_claims.c.group_id, rollout_claims.c.slot)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-            .cte("candidates")
-        )
-        return (
-            update(rollout_claims)
-            .where(
-                rollout_claims.c.group_id == candidates.c.group_id,
-                rollout_claims.c.slot == candidates.c.slot,
-            )
-            .values(
-                status="claimed",
-                token=rollout_claims.c.token + 1,
-                worker=worker,
-                rollout_id=cast(func.gen_random_uuid(), String),
-                attempts=rollout_claims.c.attempts + 1,
-                lease_expires_at=NOW() + timedelta(seconds=lease_s),
-                updated_at=NOW(),
-            )
-            .returning(
-                rollout_claims.c.group_id,
-                rollout_claims.c.slot,
-                rollout_claims.c.token,
-                rollout_claims.c.batch,
-                rollout_claims.c.role,
-                rollout_claims.c.rollout_id,
-                candidates.c.rollout_id.label("previous_rollout_id"),
-            )
-        )
 
     async def work(connection: AsyncConnection) -> list[RolloutClaim]:
-        found = (await connection.execute(progress)).first()
-        if found is None:  # not registered, or the trainer closed the run
-            return []
-        step, last_batch = found
-        claimed = (await connection.execute(claim(last_batch))).all()
-        if not claimed:
-            return []
-        places = await _places(connection, {row.group_id for row in claimed})
-        return [
-            RolloutClaim(
-                group_id=row.group_id,
-                slot=row.slot,
-                token=row.token,
-                run=run,
-                epoch=places[row.group_id][0],
-                batch=row.batch,
-                scenario_index=places[row.group_id][1],
-                role=row.role,
-                rollout_id=row.rollout_id,
-                previous_rollout_id=row.previous_rollout_id,
-                policy_step=int(step or 0),
+        row = (
+            await connection.execute(
+                select(worker_runs).where(worker_runs.c.run == run).with_for_update(read=True)
             )
-            for row in claimed
-        ]
+        ).first()
+        if row is None or row.status != "open":
+            return []
+        registration = RunRegistration(**row._asdict())
+        return await _claim_rollouts(connection, registration, worker, limit, lease_s)
 
     return await _write(database, work)
 
@@ -478,6 +443,92 @@ async def claim_seals(
     database: Database, run: str, worker: str, limit: int, lease_s: float
 ) -> list[SealClaim]:
     """Claim up to `limit` groups ready to seal (or whose sealer's lease expired)."""
+
+    async def work(connection: AsyncConnection) -> list[SealClaim]:
+        return await _claim_seals(connection, run, worker, limit, lease_s)
+
+    return await _write(database, work)
+
+
+async def _claim_rollouts(
+    connection: AsyncConnection,
+    registration: RunRegistration,
+    worker: str,
+    limit: int,
+    lease_s: float,
+) -> list[RolloutClaim]:
+    if limit <= 0:
+        return []
+    run = registration.run
+    last_batch = registration.next_batch + registration.max_steps_off_policy
+    candidates = (
+        select(rollout_claims.c.group_id, rollout_claims.c.slot, rollout_claims.c.rollout_id)
+        .where(
+            rollout_claims.c.run == run,
+            or_(
+                rollout_claims.c.status == "open",
+                and_(
+                    rollout_claims.c.status == "claimed",
+                    rollout_claims.c.lease_expires_at < NOW(),
+                ),
+            ),
+            rollout_claims.c.batch <= last_batch,
+        )
+        .order_by(rollout_claims.c.batch, rollout_claims.c.group_id, rollout_claims.c.slot)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("candidates")
+    )
+    claim = (
+        update(rollout_claims)
+        .where(
+            rollout_claims.c.group_id == candidates.c.group_id,
+            rollout_claims.c.slot == candidates.c.slot,
+        )
+        .values(
+            status="claimed",
+            token=rollout_claims.c.token + 1,
+            worker=worker,
+            rollout_id=cast(func.gen_random_uuid(), String),
+            attempts=rollout_claims.c.attempts + 1,
+            lease_expires_at=NOW() + timedelta(seconds=lease_s),
+            updated_at=NOW(),
+        )
+        .returning(
+            rollout_claims.c.group_id,
+            rollout_claims.c.slot,
+            rollout_claims.c.token,
+            rollout_claims.c.batch,
+            rollout_claims.c.role,
+            rollout_claims.c.rollout_id,
+            candidates.c.rollout_id.label("previous_rollout_id"),
+        )
+    )
+    claimed = (await connection.execute(claim)).all()
+    if not claimed:
+        return []
+    places = await _places(connection, {row.group_id for row in claimed})
+    return [
+        RolloutClaim(
+            group_id=row.group_id,
+            slot=row.slot,
+            token=row.token,
+            run=run,
+            epoch=places[row.group_id][0],
+            batch=row.batch,
+            scenario_index=places[row.group_id][1],
+            role=row.role,
+            rollout_id=row.rollout_id,
+            previous_rollout_id=row.previous_rollout_id,
+            policy_step=registration.policy_step,
+        )
+        for row in claimed
+    ]
+
+
+async def _claim_seals(
+    connection: AsyncConnection, run: str, worker: str, limit: int, lease_s: float
+) -> list[SealClaim]:
     if limit <= 0:
         return []
     candidates = (
@@ -512,21 +563,17 @@ async def claim_seals(
             group_claims.c.scenario_index,
         )
     )
-
-    async def work(connection: AsyncConnection) -> list[SealClaim]:
-        return [
-            SealClaim(
-                group_id=row.group_id,
-                token=row.token,
-                run=run,
-                epoch=row.epoch,
-                batch=row.batch,
-                scenario_index=row.scenario_index,
-            )
-            for row in await connection.execute(claim)
-        ]
-
-    return await _write(database, work)
+    return [
+        SealClaim(
+            group_id=row.group_id,
+            token=row.token,
+            run=run,
+            epoch=row.epoch,
+            batch=row.batch,
+            scenario_index=row.scenario_index,
+        )
+        for row in await connection.execute(claim)
+    ]
 
 
 async def _places(connection: AsyncConnection, group_ids: set[str]) -> dict[str, tuple[int, int]]:

@@ -215,45 +215,36 @@ class Worker:
     async def _work(self, wakeups: Wakeups) -> None:
         failures = 0
         while not self.stop.is_set():
+            free = self.concurrency - len(self._rollouts) - len(self._seals)
             try:
-                registered = await claims.registration(self.database, self.run_name)
-                if registered is None:
-                    raise NotFoundError(f"run {self.run_name!r} is no longer registered")
-                self.registered = registered
-                if registered.status != "open":
-                    self.summary.run_status = registered.status
-                    if not self._rollouts and not self._seals:
-                        if registered.status == "failed":
-                            log.warning(
-                                "worker %s: run %s failed: %s",
-                                self.id,
-                                self.run_name,
-                                registered.error,
-                            )
-                        return
-                claimed = await self._claim() if registered.status == "open" else 0
+                claimed = await claims.claim_work(
+                    self.database, self.run_name, self.id, free, self.lease_s
+                )
                 failures = 0
             except DatabaseUnavailableError as exc:  # the database is away: try again soon
                 failures += 1
                 self._note(f"database unavailable: {exc}")
                 await asyncio.sleep(min(0.1 * 2**failures, 2.0))
                 continue
-            if claimed and len(self._rollouts) + len(self._seals) < self.concurrency:
-                continue  # there may be more
+            registered = claimed.registration
+            if registered is None:
+                raise NotFoundError(f"run {self.run_name!r} is no longer registered")
+            self.registered = registered
+            for seal in claimed.seals:
+                self._start(self._seal(seal), self._seals, seal)
+            for slot in claimed.rollouts:
+                self._start(self._rollout(slot), self._rollouts, slot)
+            if registered.status != "open":
+                self.summary.run_status = registered.status
+                if not self._rollouts and not self._seals:
+                    if registered.status == "failed":
+                        log.warning(
+                            "worker %s: run %s failed: %s", self.id, self.run_name, registered.error
+                        )
+                    return
+            # Asked for `free`: whatever was missing is not there now. Wait for a task of
+            # ours to end, a notification, or the next lease of another worker to expire.
             await wakeups.wait(await self._idle_timeout())
-
-    async def _claim(self) -> int:
-        free = self.concurrency - len(self._rollouts) - len(self._seals)
-        seals = await claims.claim_seals(self.database, self.run_name, self.id, free, self.lease_s)
-        for seal in seals:
-            self._start(self._seal(seal), self._seals, seal)
-        free -= len(seals)
-        slots = await claims.claim_rollouts(
-            self.database, self.run_name, self.id, free, self.lease_s
-        )
-        for slot in slots:
-            self._start(self._rollout(slot), self._rollouts, slot)
-        return len(seals) + len(slots)
 
     def _start(self, work: Any, tasks: dict[asyncio.Task[None], Any], claim: Any) -> None:
         task = asyncio.create_task(work)
