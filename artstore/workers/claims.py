@@ -663,22 +663,24 @@ async def renew(
     return await _write(database, work)
 
 
-async def release_rollout(database: Database, claim: RolloutClaim) -> bool:
-    """Give a claimed slot back (its rollout could not be recorded to the end).
+async def release_rollout(database: Database, claim: RolloutClaim) -> str:
+    """Give a claimed slot back, if it is still ours and its end was not recorded.
 
-    True when it was still ours to give; the slot keeps the rollout's id, so that whoever
-    claims it next records that rollout as abandoned.
+    Returns `released` (given back: the slot keeps the rollout's id, so that whoever
+    claims it next records that rollout as abandoned), `ended` (this claim's end was
+    recorded) or `lost` (the lease expired, or another worker claimed the slot since).
     """
 
-    async def work(connection: AsyncConnection) -> bool:
+    async def work(connection: AsyncConnection) -> str:
+        slot = [rollout_claims.c.group_id == claim.group_id, rollout_claims.c.slot == claim.slot]
         row = (
             await connection.execute(
                 update(rollout_claims)
                 .where(
-                    rollout_claims.c.group_id == claim.group_id,
-                    rollout_claims.c.slot == claim.slot,
+                    *slot,
                     rollout_claims.c.token == claim.token,
                     rollout_claims.c.status == "claimed",
+                    rollout_claims.c.lease_expires_at > NOW(),
                 )
                 .values(status="open", worker=None, lease_expires_at=None, updated_at=NOW())
                 .returning(rollout_claims.c.slot)
@@ -686,30 +688,40 @@ async def release_rollout(database: Database, claim: RolloutClaim) -> bool:
         ).first()
         if row is not None:
             await notify(connection, claim.run, "work")
-        return row is not None
+            return "released"
+        token, status = (
+            await connection.execute(
+                select(rollout_claims.c.token, rollout_claims.c.status).where(*slot)
+            )
+        ).one()
+        return "ended" if token == claim.token and status != "claimed" else "lost"
 
     return await _write(database, work)
 
 
-async def release_seal(database: Database, claim: SealClaim) -> bool:
-    """Give a seal back for another worker to try (True when it was still ours)."""
+async def release_seal(database: Database, claim: SealClaim) -> str:
+    """Give a seal back for another worker to try: `released`, `ended` or `lost`."""
 
-    async def work(connection: AsyncConnection) -> bool:
+    async def work(connection: AsyncConnection) -> str:
         row = (
             await connection.execute(
                 update(group_claims)
-                .where(
-                    group_claims.c.group_id == claim.group_id,
-                    group_claims.c.token == claim.token,
-                    group_claims.c.status == "sealing",
-                )
+                .where(*_holding_seal(claim))
                 .values(status="sealable", worker=None, lease_expires_at=None, updated_at=NOW())
                 .returning(group_claims.c.group_id)
             )
         ).first()
         if row is not None:
             await notify(connection, claim.run, "sealable")
-        return row is not None
+            return "released"
+        token, status = (
+            await connection.execute(
+                select(group_claims.c.token, group_claims.c.status).where(
+                    group_claims.c.group_id == claim.group_id
+                )
+            )
+        ).one()
+        return "ended" if token == claim.token and status != "sealing" else "lost"
 
     return await _write(database, work)
 

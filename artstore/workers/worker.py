@@ -185,6 +185,7 @@ class Worker:
         self._rollouts: dict[asyncio.Task[None], RolloutClaim] = {}
         self._seals: dict[asyncio.Task[None], SealClaim] = {}
         self._heartbeat = Heartbeat(self.lease_s, self._on_lost)
+        self._counted_lost: set[tuple[Any, ...]] = set()  # claims counted in `leases_lost`
         self._wakeups: Wakeups | None = None
         store.redact.add([key for key in api_keys.values()])
 
@@ -263,7 +264,7 @@ class Worker:
         """The heartbeat found a lease lost: stop what this worker does under it."""
         for task, held in [*self._rollouts.items(), *self._seals.items()]:
             if held is claim:
-                log.warning("worker %s: lease lost on %s; stopping it", self.id, claim)
+                self._count_lost(claim, None)
                 task.cancel()
 
     async def _idle_timeout(self) -> float:
@@ -316,17 +317,16 @@ class Worker:
                 raise
 
     async def _after_failed_rollout(self, claim: RolloutClaim, exc: BaseException) -> None:
-        """Classify what happened; give the slot back if its end was not recorded."""
+        """Give the slot back if its end was not recorded; count what happened."""
         try:
-            released = await claims.release_rollout(self.database, claim)
+            outcome = await claims.release_rollout(self.database, claim)
         except DatabaseUnavailableError:
-            released = False  # the lease runs out instead
-        if released:
+            outcome = "unknown"  # the lease runs out instead
+        if outcome == "lost" or (outcome == "unknown" and _lease_lost(exc)):
+            self._count_lost(claim, exc)
+        elif outcome in ("released", "unknown"):
             self.summary.released += 1
             self._note(f"rollout {claim.rollout_id} given back: {type(exc).__name__}: {exc}")
-        elif isinstance(exc, LeaseLostError) or _lease_lost(exc):
-            self.summary.leases_lost += 1
-            log.warning("worker %s: %s", self.id, _first_line(exc))
         elif isinstance(exc, asyncio.CancelledError):
             self.summary.released += 1  # stopped by us: its end reopened the slot
         else:  # the agent raised; the rollout is recorded as failed
@@ -338,6 +338,16 @@ class Worker:
                 type(exc).__name__,
                 _first_line(exc),
             )
+
+    def _count_lost(self, claim: RolloutClaim | SealClaim, exc: BaseException | None) -> None:
+        """One lease lost, counted once (by the heartbeat or by a refused write)."""
+        key = (claim.group_id, getattr(claim, "slot", None), claim.token)
+        if key in self._counted_lost:
+            return
+        self._counted_lost.add(key)
+        self.summary.leases_lost += 1
+        reason = _first_line(exc) if exc is not None else "the heartbeat found it lost"
+        log.warning("worker %s: lease lost on %s: %s", self.id, claim, reason)
 
     def _model(self, claim: RolloutClaim) -> InferenceModel:
         assert self.registered is not None
@@ -427,13 +437,12 @@ class Worker:
 
     async def _after_failed_seal(self, claim: SealClaim, exc: BaseException) -> None:
         try:
-            released = await claims.release_seal(self.database, claim)
+            outcome = await claims.release_seal(self.database, claim)
         except DatabaseUnavailableError:
-            released = False
-        if isinstance(exc, LeaseLostError) or (not released and _lease_lost(exc)):
-            self.summary.leases_lost += 1
-            log.warning("worker %s: %s", self.id, _first_line(exc))
-        elif released and not isinstance(exc, asyncio.CancelledError):
+            outcome = "unknown"
+        if outcome == "lost" or (outcome == "unknown" and _lease_lost(exc)):
+            self._count_lost(claim, exc)
+        elif outcome in ("released", "unknown") and not isinstance(exc, asyncio.CancelledError):
             self.summary.released += 1
             self._note(f"seal of group {claim.group_id} given back: {type(exc).__name__}: {exc}")
 
