@@ -27,6 +27,11 @@ group) to the start of the train step that trains it.
 
 Target: 8 worker processes >= 6x one worker process's rollouts per second.
 
+"Waiting for the append lock" is the mean number of the database's sessions found waiting
+for an advisory lock, sampled every 0.1 s while a setup runs: every appending transaction
+of every process holds one append lock across its round trips, which is what bounds the
+appends of many processes (and is measured by tools/bench_append.py).
+
 Run it from the repository root:
 
     python tools/bench_workers.py                   # about 2-3 minutes
@@ -86,6 +91,7 @@ class Result:
     rollouts: int
     seconds: float
     seal_to_train: list[float] = field(default_factory=list)
+    lock_waits: float | None = None  # mean transactions waiting for the append lock
     note: str = ""
 
     @property
@@ -211,6 +217,41 @@ async def measured_from_events(url: str, setup: str, processes: int, concurrency
     return Result(setup, processes, concurrency, count, (last - first).total_seconds(), waits)
 
 
+class LockWaits:
+    """Samples, every 0.1 s, how many of the database's sessions wait for an advisory lock
+    (every appending transaction takes the one append lock) while a setup runs."""
+
+    def __init__(self, url: str) -> None:
+        self.url = make_url(url).set(drivername="postgresql").render_as_string(False)
+        self.samples: list[int] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LockWaits:
+        self._task = asyncio.create_task(asyncio.to_thread(self._sample_until_cancelled))
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._stop = True
+        if self._task is not None:
+            await self._task
+
+    _stop = False
+
+    def _sample_until_cancelled(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as connection:
+            while not self._stop:
+                (waiting,) = connection.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+                ).fetchone()
+                self.samples.append(waiting)
+                time.sleep(0.1)
+
+    @property
+    def mean(self) -> float | None:
+        return statistics.mean(self.samples) if self.samples else None
+
+
 async def measure_workers(
     processes: int, context: Any, databases: Databases, server: Any, workdir: Path, epochs: int
 ) -> Result:
@@ -231,19 +272,25 @@ async def measure_workers(
         if time.monotonic() > deadline or any(c.exitcode not in (None, 0) for c in children):
             raise RuntimeError(f"worker processes of {name} did not start")
         await asyncio.sleep(0.05)
-    await train_artstore(url, server, workdir, epochs, "workers", name)
-    for child in children:
-        await asyncio.to_thread(child.join, 120)
-        if child.exitcode != 0:
-            raise RuntimeError(f"a worker of {name} exited {child.exitcode}")
-    return await measured_from_events(url, f"workers {processes}", processes, CONCURRENCY)
+    async with LockWaits(url) as waits:
+        await train_artstore(url, server, workdir, epochs, "workers", name)
+        for child in children:
+            await asyncio.to_thread(child.join, 120)
+            if child.exitcode != 0:
+                raise RuntimeError(f"a worker of {name} exited {child.exitcode}")
+    result = await measured_from_events(url, f"workers {processes}", processes, CONCURRENCY)
+    result.lock_waits = waits.mean
+    return result
 
 
 async def measure_in_process(databases: Databases, server: Any, workdir: Path, epochs: int):
     url = databases.create()
     await _warm_up_here(server)
-    await train_artstore(url, server, workdir, epochs, "in_process", "in-process")
-    return await measured_from_events(url, "in-process", 1, BATCH_SIZE * GROUP_SIZE)
+    async with LockWaits(url) as waits:
+        await train_artstore(url, server, workdir, epochs, "in_process", "in-process")
+    result = await measured_from_events(url, "in-process", 1, BATCH_SIZE * GROUP_SIZE)
+    result.lock_waits = waits.mean
+    return result
 
 
 # --- ART's PipelineTrainer ------------------------------------------------------------------
@@ -351,6 +398,7 @@ def report(results: list[Result], console: Console) -> bool:
         "scaling efficiency",
         "seal→train mean s",
         "seal→train max s",
+        "waiting for the append lock",
     ):
         table.add_column(column, justify="left" if column == "setup" else "right")
     for r in results:
@@ -371,6 +419,7 @@ def report(results: list[Result], console: Console) -> bool:
             efficiency,
             f"{statistics.mean(r.seal_to_train):.3f}" if r.seal_to_train else "",
             f"{max(r.seal_to_train):.3f}" if r.seal_to_train else "",
+            f"{r.lock_waits:.2f}" if r.lock_waits is not None else "",
         )
     console.print(table)
     for r in results:
@@ -409,7 +458,7 @@ async def run(args: argparse.Namespace) -> int:
     from artstore.art_versions import has_exchanges
     from artstore.testing.inference_server import LocalInferenceServer
 
-    console = Console()
+    console = Console(width=200)
     latency = args.latency if args.latency is not None else (0.2 if args.quick else 1.0)
     counts = args.workers or ([1, 2] if args.quick else [1, 2, 4, 8])
     context = multiprocessing.get_context("forkserver")
