@@ -129,3 +129,11 @@ class ImportConflictError(ArtstoreError):
 
 class ArtVersionError(ArtstoreError):
     """The installed ART cannot represent something the store holds (a newer ART can)."""
+
+
+class LeaseLostError(ArtstoreError):
+    """A worker's claim expired or was taken over: the database refused its write (fencing)."""
+
+
+class WrongDatabaseError(ConfigurationError):
+    """A worker and the run's trainer are not on the same database."""

@@ -26,7 +26,7 @@ from artstore.urls import resolve_url
 if TYPE_CHECKING:
     import art
 
-    from artstore.capture.rollout import Rollout
+    from artstore.capture.rollout import Rollout, RolloutCheck
 
 
 class Store(EventStore):
@@ -48,10 +48,12 @@ class Store(EventStore):
         role: Literal["policy", "validation"] = "policy",
         policy_step: int | None = None,
         rollout_id: str | None = None,
+        check: RolloutCheck | None = None,
     ) -> AbstractAsyncContextManager[Rollout]:
         """Record a rollout of `model`: `async with store.rollout(model, scenario=s) as r:`.
 
-        See `artstore.capture.rollout` for what is recorded and when it is durable.
+        See `artstore.capture.rollout` for what is recorded and when it is durable, and
+        for `check` (run in the transactions that record the rollout's start and end).
         """
         from artstore.capture.rollout import rollout
 
@@ -65,6 +67,7 @@ class Store(EventStore):
             role=role,
             policy_step=policy_step,
             rollout_id=rollout_id,
+            check=check,
         )
 
     # --- projections --------------------------------------------------------------------

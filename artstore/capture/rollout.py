@@ -19,6 +19,11 @@ agent edits in place between two calls is recorded with its new content in the s
 The current rollout is a context variable: concurrent rollouts in concurrent tasks never
 see each other's calls, and LangGraph's worker threads (which copy the context) record
 into the rollout of the task that started them.
+
+`check(connection, event)` runs in the transaction that records the rollout's start
+(`rollout.started`) and in the one that records its end (`rollout.finished` or
+`rollout.failed`); raising refuses that event. Rollout workers pass one that checks their
+lease (fencing): a worker whose claim expired can neither start nor end the rollout.
 """
 
 from __future__ import annotations
@@ -52,7 +57,12 @@ from artstore.eventstore.blobs import blob_hash, blob_json, canonical_json
 from artstore.redaction import Redactor, redact_url
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
     from artstore.eventstore.store import AppendResult, EventStore
+
+# Checks the start and the end of a rollout in the transactions that record them.
+RolloutCheck = Callable[["Connection", "RolloutStarted | RolloutFinished | RolloutFailed"], None]
 
 CURRENT_ROLLOUT: contextvars.ContextVar[Rollout | None] = contextvars.ContextVar(
     "artstore_current_rollout", default=None
@@ -371,9 +381,16 @@ class Rollout:
             blobs[digest] = body
         return digest
 
-    def _append(self, event: Any, blobs: dict[str, str] | None = None) -> asyncio.Future:
+    def _append(
+        self, event: Any, blobs: dict[str, str] | None = None, check: RolloutCheck | None = None
+    ) -> asyncio.Future:
+        condition = None if check is None else (lambda c: check(c, event))
         future = self.store.append_nowait(
-            self.stream_id, [event], expected_version=self._version, blobs=blobs
+            self.stream_id,
+            [event],
+            expected_version=self._version,
+            blobs=blobs,
+            condition=condition,
         )
         self._version += 1
         self._pending.append(future)
@@ -432,6 +449,7 @@ async def rollout(
     role: Literal["policy", "validation"] = "policy",
     policy_step: int | None = None,
     rollout_id: str | None = None,
+    check: RolloutCheck | None = None,
 ) -> AsyncIterator[Rollout]:
     """Record a rollout of `model` (an `art.Model`, or anything with its inference fields)."""
     recorder = Rollout(
@@ -462,7 +480,7 @@ async def rollout(
         else None,
         started_at=datetime.now(UTC),
     )
-    recorder._append(started)
+    recorder._append(started, check=check)
     clock = time.monotonic()
     token = CURRENT_ROLLOUT.set(recorder)
     art_token = _install_art_logger(recorder)
@@ -483,7 +501,8 @@ async def rollout(
         )
         await recorder._settle()
         recorder._ended = True
-        recorder._append(finished)  # checked above: the end of the stream is never missing
+        # Checked above: the end of the stream is never missing (unless `check` refuses).
+        recorder._append(finished, check=check)
         await recorder._settle()
     except BaseException as exc:  # the agent failed, its result is unusable, or a write was
         with contextlib.suppress(Exception):  # refused: `exc` says why, record it
@@ -491,11 +510,12 @@ async def rollout(
         recorder._ended = True
         if recorder._stored_version == 0:  # not even rollout.started was stored
             raise
-        recorder._append(recorder._failure(exc, time.monotonic() - clock))
+        recorder._append(recorder._failure(exc, time.monotonic() - clock), check=check)
         try:
             await recorder._settle()  # when even this fails, the caller gets its error
         except StorageFullError:  # no room for a traceback: the cause alone may fit
-            recorder._append(recorder._failure(exc, time.monotonic() - clock, compact=True))
+            failure = recorder._failure(exc, time.monotonic() - clock, compact=True)
+            recorder._append(failure, check=check)
             await recorder._settle()
         raise
 

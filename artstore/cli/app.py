@@ -10,7 +10,19 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from artstore.cli import db, demo, exchange, group, replay, rescore, runs, sql, trajectory, ui
+from artstore.cli import (
+    db,
+    demo,
+    exchange,
+    group,
+    replay,
+    rescore,
+    runs,
+    sql,
+    trajectory,
+    ui,
+    worker,
+)
 from artstore.cli.shared import State, console, say_error
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -90,6 +102,7 @@ app.command("ui")(ui.ui)
 app.command("sql")(sql.sql)
 app.command("export")(exchange.export)
 app.command("import")(exchange.import_)
+app.command("worker")(worker.worker)
 app.command("demo")(demo.demo)
 app.add_typer(db.app, name="db")
 

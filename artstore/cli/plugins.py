@@ -58,6 +58,7 @@ def load_attribute(spec: str, option: str) -> Any:
 
 
 _EXAMPLES = {
+    "--agent": "my_agents:agent",
     "--backend": "artstore.backends:check_only_backend",
     "--reward": "my_rewards:score",
 }

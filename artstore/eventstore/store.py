@@ -86,6 +86,9 @@ class AppendResult:
 # Called inside the appending transaction with the events just written: projections.
 # Synchronous, so that a whole write transaction runs in one call.
 Projector = Callable[[Connection, list[RecordedEvent]], None]
+# Called inside the appending transaction before an append's events are written; raising
+# refuses that append alone (nothing of it is written). Workers check their lease this way.
+Condition = Callable[[Connection], None]
 
 
 @dataclass
@@ -95,6 +98,7 @@ class _Append:
     expected_version: int | None
     blobs: dict[str, str]
     future: asyncio.Future[AppendResult]
+    condition: Condition | None = None
     result: AppendResult | None = None
     error: BaseException | None = None
     recorded: list[RecordedEvent] = field(default_factory=list)
@@ -143,6 +147,7 @@ class EventStore:
         expected_version: int | None = ANY,
         *,
         blobs: Mapping[str, str] | None = None,
+        condition: Condition | None = None,
     ) -> AppendResult:
         """Append `new_events` to `stream_id` atomically.
 
@@ -150,9 +155,13 @@ class EventStore:
         stream, ANY to skip the check); a mismatch raises WrongExpectedVersionError and
         writes nothing. `blobs` maps content hashes to JSON bodies stored in the same
         transaction (each once, ever). Retrying with the same event objects writes
-        nothing twice.
+        nothing twice. `condition(connection)`, when given, runs in the appending
+        transaction before the events are written; an exception it raises refuses the
+        append (a retry of an append already stored does not run it again).
         """
-        return await self.append_nowait(stream_id, new_events, expected_version, blobs=blobs)
+        return await self.append_nowait(
+            stream_id, new_events, expected_version, blobs=blobs, condition=condition
+        )
 
     def append_nowait(
         self,
@@ -161,6 +170,7 @@ class EventStore:
         expected_version: int | None = ANY,
         *,
         blobs: Mapping[str, str] | None = None,
+        condition: Condition | None = None,
     ) -> asyncio.Future[AppendResult]:
         """Queue an append and return at once; the future resolves when it is committed.
 
@@ -179,7 +189,9 @@ class EventStore:
             raise InvalidEventError("an append holds the same event id twice")
         queue = self._ensure_writer()
         future: asyncio.Future[AppendResult] = self.loop.create_future()
-        queue.put_nowait(_Append(stream_id, rows, expected_version, dict(blobs or {}), future))
+        queue.put_nowait(
+            _Append(stream_id, rows, expected_version, dict(blobs or {}), future, condition)
+        )
         return future
 
     def _ensure_writer(self) -> asyncio.Queue[_Append]:
@@ -327,6 +339,8 @@ class EventStore:
             for offset, row in enumerate(item.rows, start=1):
                 rows.append({**row, "version": head + offset})
             heads[item.stream_id] = head + len(item.rows)
+            if item.condition is not None:
+                item.condition(connection)
         positions = self.database.insert_events(connection, rows)
         self._insert_blobs(connection, batch)
         start = 0
@@ -360,6 +374,8 @@ class EventStore:
         head = _stream_heads(connection, {item.stream_id}).get(item.stream_id, 0)
         if item.expected_version is not None and item.expected_version != head:
             raise WrongExpectedVersionError(item.stream_id, item.expected_version, head)
+        if item.condition is not None:
+            item.condition(connection)
         rows = [{**row, "version": head + n} for n, row in enumerate(item.rows, start=1)]
         positions = self.database.insert_events(connection, rows)
         self._insert_blobs(connection, [item])

@@ -7,7 +7,10 @@ Two kinds of table:
   (UPDATE, DELETE, TRUNCATE, and on SQLite the REPLACE that deletes before inserting);
 - projections (read models) built from the events inside the same transaction that
   appends them: runs, rollouts, llm_calls, rewards, groups, group_consumptions,
-  train_steps, trajectory_messages. They can be rebuilt from the events at any time.
+  train_steps, trajectory_messages. They can be rebuilt from the events at any time;
+- coordination of rollout workers on PostgreSQL (worker_runs, rollout_claims,
+  group_claims): who may do which piece of a run's work now. Not projections and not
+  history: a claim says who holds a lease, the events say what happened.
 """
 
 from __future__ import annotations
@@ -294,3 +297,70 @@ PROJECTION_TABLES = (
     group_consumptions,
     trajectory_messages,
 )
+
+# --- coordination of rollout workers (used on PostgreSQL) ----------------------------------
+#
+# A trainer in workers mode registers its run here and publishes the run's work; workers
+# claim it with `SELECT ... FOR UPDATE SKIP LOCKED`. A claim is a lease (`lease_expires_at`,
+# renewed by heartbeats) with a fencing token (`token`, +1 at every claim): the write that
+# records the end of a rollout or the seal of a group checks the token and the lease in its
+# own transaction, so a worker whose lease expired is refused by the database.
+
+# One row per run trained from workers: what workers need to know, and how far training is.
+worker_runs = Table(
+    "worker_runs",
+    metadata,
+    Column("run", NAME, primary_key=True),
+    Column("model", NAME, nullable=False),  # the trained model, "project/name"
+    Column("trainer", NAME, nullable=False),  # host:pid of the trainer that registered last
+    # Which database the trainer wrote this in (a copy of the database answers differently).
+    Column("database_id", String(200), nullable=False),
+    Column("status", String(20), nullable=False),  # open | finished | failed
+    Column("policy_step", Integer, nullable=False),  # the model's step now
+    Column("next_batch", Integer, nullable=False),  # the batch the trainer trains next
+    Column("max_steps_off_policy", Integer, nullable=False),
+    # Inference settings per role ("policy", "validation"): name, URL, model name; no keys.
+    Column("models", Json, nullable=False),
+    Column("reward_function", String(500)),  # module:qualname, when importable by that name
+    Column("error", Text),
+    Column("updated_at", Timestamp, nullable=False),
+)
+
+# One row per rollout a group needs (its slot): open, claimed by a worker, or ended.
+rollout_claims = Table(
+    "rollout_claims",
+    metadata,
+    Column("group_id", ID, primary_key=True),
+    Column("slot", Integer, primary_key=True),  # policy slots first, then validation
+    Column("run", NAME, nullable=False),
+    Column("batch", Integer, nullable=False),
+    Column("role", String(20), nullable=False),  # policy | validation
+    Column("status", String(20), nullable=False),  # open | claimed | finished | failed
+    Column("token", BigInteger, nullable=False),  # fencing token
+    Column("worker", NAME),  # who holds (or last held) the claim
+    Column("rollout_id", ID),  # the rollout of the current (or last) claim
+    Column("attempts", Integer, nullable=False),
+    Column("lease_expires_at", Timestamp),
+    Column("updated_at", Timestamp, nullable=False),
+    Index(None, "run", "status", "batch"),
+)
+
+# One row per group: rolling out, ready to seal, being sealed (a lease), sealed or failed.
+group_claims = Table(
+    "group_claims",
+    metadata,
+    Column("group_id", ID, primary_key=True),
+    Column("run", NAME, nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("batch", Integer, nullable=False),
+    Column("scenario_index", Integer, nullable=False),
+    Column("status", String(20), nullable=False),  # rolling | sealable | sealing | sealed | failed
+    Column("token", BigInteger, nullable=False),  # fencing token of the seal
+    Column("worker", NAME),
+    Column("lease_expires_at", Timestamp),
+    Column("error", Text),  # why the group could not be sealed
+    Column("updated_at", Timestamp, nullable=False),
+    Index(None, "run", "status", "batch"),
+)
+
+COORDINATION_TABLES = (worker_runs, rollout_claims, group_claims)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from artstore.errors import ConfigurationError
 from artstore.eventstore.blobs import canonical_json
@@ -28,7 +28,12 @@ class TrainingConfig:
     - `validation_samples`: rollouts of the validation model per scenario, when one is
       given, against which each trajectory's `wins` and `win_rate` are computed;
     - `scorer`: the name under which the run's rewards are recorded and trained on;
-    - `train_kwargs`: passed to `backend.train` (learning_rate, ...); JSON, as it is recorded.
+    - `train_kwargs`: passed to `backend.train` (learning_rate, ...); JSON, as it is recorded;
+    - `rollouts`: who rolls out, `"in_process"` (this process, batch by batch: the default)
+      or `"workers"` (rollout workers on any hosts, `artstore worker`; PostgreSQL only);
+    - `max_steps_off_policy`: with workers, how many batches past the one being trained
+      they may roll out, so that no rollout is trained more than this many steps after
+      the policy step it ran at (0: every batch rolled out by the policy that trains it).
     """
 
     epochs: int
@@ -37,12 +42,19 @@ class TrainingConfig:
     validation_samples: int = 2
     scorer: str = "reward"
     train_kwargs: dict[str, Any] = field(default_factory=dict)
+    rollouts: Literal["in_process", "workers"] = "in_process"
+    max_steps_off_policy: int = 1
 
     def __post_init__(self) -> None:
         check_count("epochs", self.epochs)
         check_count("batch_size", self.batch_size)
         check_count("group_size", self.group_size)
         check_count("validation_samples", self.validation_samples, allow_zero=True)
+        check_count("max_steps_off_policy", self.max_steps_off_policy, allow_zero=True)
+        if self.rollouts not in ("in_process", "workers"):
+            raise ConfigurationError(
+                f"rollouts must be 'in_process' or 'workers', got {self.rollouts!r}"
+            )
         if not isinstance(self.scorer, str) or not self.scorer.strip():
             raise ConfigurationError(f"scorer must be a non-empty name, got {self.scorer!r}")
         if not isinstance(self.train_kwargs, dict):

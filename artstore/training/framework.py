@@ -344,8 +344,14 @@ class TrainingFramework:
 
         `run` defaults to the model's "project/name": running the same script again after
         a crash resumes it. The settings that shape the groups (scenarios, batch and group
-        sizes, validation model, scorer) must be those the run started with; `epochs` may
-        grow. A second trainer on the same run and model gets TrainerConflictError.
+        sizes, validation model, scorer, who rolls out) must be those the run started
+        with; `epochs` may grow. A second trainer on the same run and model gets
+        TrainerConflictError.
+
+        With `config.rollouts == "workers"` (PostgreSQL only) this process rolls out
+        nothing: it publishes the run's groups for rollout workers (`artstore worker`,
+        `artstore.workers.run_worker`) and trains each batch as soon as workers sealed it
+        (`artstore.training.from_workers`).
         """
         if not isinstance(config, TrainingConfig):
             raise ConfigurationError("config must be an artstore.TrainingConfig")
@@ -374,6 +380,10 @@ class TrainingFramework:
         self._active_runs += 1
         try:
             store = await self.store()
+            if config.rollouts == "workers":
+                from artstore.workers.claims import require_postgres
+
+                require_postgres(store.database, "TrainingConfig(rollouts='workers')")
             # Keys of the models in use never reach an event (agent errors quote them).
             store.redact.add(
                 [getattr(m, "inference_api_key", None) for m in (model, validation_model)],
@@ -439,6 +449,7 @@ class TrainingFramework:
                 f"run {run}: started; {config.epochs} epochs of {batches_per_epoch} batches "
                 f"({total} train steps), {config.group_size} rollouts per scenario"
             )
+        batches: list[tuple[list[_Place], list[Any]]] = []
         for epoch in range(config.epochs):
             for number, batch in enumerate(batched(indexed, config.batch_size)):
                 places = [
@@ -451,9 +462,31 @@ class TrainingFramework:
                     )
                     for index, _ in batch
                 ]
-                await self._train_batch(
-                    store, places, [s for _, s in batch], recipe, config, summary, total
-                )
+                batches.append((places, [s for _, s in batch]))
+        if config.rollouts == "workers":
+            from artstore.training.from_workers import train_from_workers
+
+            places_only = [places for places, _ in batches]
+            await train_from_workers(
+                store,
+                run,
+                places_only,
+                config,
+                recipe,
+                summary,
+                on_step=lambda places, before, result: self._report_step(
+                    store,
+                    summary,
+                    recipe,
+                    f"batch {places[0].batch + 1}/{total}",
+                    before,
+                    result,
+                    [p.group_id for p in places],
+                ),
+            )
+            return
+        for places, batch_scenarios in batches:
+            await self._train_batch(store, places, batch_scenarios, recipe, config, summary, total)
 
     async def _train_batch(
         self,
@@ -486,19 +519,33 @@ class TrainingFramework:
             train_kwargs=config.train_kwargs,
         )
         summary.steps_trained.append(result.step)
-        if self.progress:
-            from artstore.training.replay import _policy_rewards
+        await self._report_step(store, summary, recipe, where, before, result, group_ids)
 
-            rewards = [
-                r
-                for found in (await _policy_rewards(store, group_ids, recipe.scorer)).values()
-                for r in found
-            ]
-            mean = f", reward mean {sum(rewards) / len(rewards):.3g}" if rewards else ""
-            self._say(
-                f"run {summary.run}: {where}: step {before} → {result.step}, "
-                f"{len(group_ids)} group{'s' if len(group_ids) != 1 else ''}{mean}"
-            )
+    async def _report_step(
+        self,
+        store: Store,
+        summary: RunSummary,
+        recipe: _Recipe,
+        where: str,
+        before: int,
+        result: Any,
+        group_ids: list[str],
+    ) -> None:
+        """One line per train step: where it was, the step it made, its mean reward."""
+        if not self.progress:
+            return
+        from artstore.training.replay import _policy_rewards
+
+        rewards = [
+            r
+            for found in (await _policy_rewards(store, group_ids, recipe.scorer)).values()
+            for r in found
+        ]
+        mean = f", reward mean {sum(rewards) / len(rewards):.3g}" if rewards else ""
+        self._say(
+            f"run {summary.run}: {where}: step {before} → {result.step}, "
+            f"{len(group_ids)} group{'s' if len(group_ids) != 1 else ''}{mean}"
+        )
 
     async def _seal_group(
         self, store: Store, place: _Place, scenario: Any, recipe: _Recipe, summary: RunSummary
@@ -647,6 +694,7 @@ class TrainingFramework:
                 ("validation model", started.validation_model, validation_name),
                 ("validation_samples", samples_then, samples_now),
                 ("scorer", started.scorer, config.scorer),
+                ("rollouts", started.config.get("rollouts", "in_process"), config.rollouts),
             ]
             if then != now
         ]
