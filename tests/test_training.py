@@ -1,4 +1,4 @@
-"""The seed's training loop on events: full runs, resume, one trainer per run, bad input.
+"""The training loop on events: full runs, resume, one trainer per run, bad input.
 
 Every test runs on SQLite and on PostgreSQL, with real parts: a LangGraph agent (or a one-call
 scripted agent) calling the LocalInferenceServer over HTTP through `art.langgraph`, and a real
@@ -90,7 +90,7 @@ async def test_full_run_records_everything_and_resumes_with_more_epochs(
     framework = TrainingFramework(store)
     summary = await framework.run_training(
         model=model,
-        scenarios=scenarios(3),  # batches of 2 and 1, as the seed's `batched`
+        scenarios=scenarios(3),  # batches of 2 and 1, as `batched` splits them
         agent_function=langgraph_agent,
         reward_function=length_reward,
         config=config(epochs=2),
@@ -194,7 +194,7 @@ async def test_validation_model_gives_wins_and_win_rate_through_legacy_train(
         length_reward,
         validation_model(server),
         store=store,
-    )  # the seed's signature; validation_samples defaults to 2
+    )  # the positional signature; validation_samples defaults to 2
     assert summary.steps_trained == [1]
     assert (summary.groups_sealed, summary.rollouts) == (2, 8)
     groups = await rows(store, t.groups)
@@ -213,7 +213,7 @@ async def test_validation_model_gives_wins_and_win_rate_through_legacy_train(
         validation = [r.reward for r in found["validation"]]
         assert all(r.metrics is None for r in found["validation"])
         for policy in found["policy"]:
-            wins = sum(1 for v in validation if policy.reward >= v)  # ties count, as the seed
+            wins = sum(1 for v in validation if policy.reward >= v)  # ties count
             assert policy.metrics == {"wins": wins, "win_rate": wins / len(validation)}
     # Validation rollouts are scored but never trained on; wins reach the trajectories.
     record = backend.read_checkpoint(model, 1)

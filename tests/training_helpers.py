@@ -33,7 +33,7 @@ def lookup(query: str) -> str:
 
 
 def react_agent():
-    """A real LangGraph ReAct agent on ART's chat model (the seed's kind of agent)."""
+    """A real LangGraph ReAct agent on ART's chat model (the kind of agent TrainingFramework runs)."""
     from art.langgraph import init_chat_model
 
     with warnings.catch_warnings():  # create_react_agent is deprecated in LangGraph 1.x
@@ -44,7 +44,7 @@ def react_agent():
 
 
 async def langgraph_agent(scenario: dict[str, Any], thread_id: str) -> str:
-    """The seed's agent shape: `(scenario, thread_id) -> result`."""
+    """The agent shape TrainingFramework calls: `(scenario, thread_id) -> result`."""
     state = await react_agent().ainvoke({"messages": [("user", scenario["question"])]})
     return state["messages"][-1].content
 

@@ -15,7 +15,7 @@ Conventions of every view:
 - JSON columns hold JSON text exactly as stored (text on SQLite, `json` on PostgreSQL: key
   order and every character kept); JSON `null` reads as NULL;
 - a reward "latest" for a rollout and a scorer is the one recorded last: re-scoring appends
-  a new reward event and never overwrites the old one (DESIGN.md, invariant 6).
+  a new reward event and never overwrites the old one (docs/architecture.md, invariant 6).
 
 SQLite needs its JSON functions and window functions (3.25+, in every Python 3.11), and
 `sqrt` (registered by artstore.eventstore.database when SQLite lacks its math functions).

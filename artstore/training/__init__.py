@@ -1,4 +1,4 @@
-"""Training on events: the seed's loop with resume, replay and re-scoring."""
+"""Training on events: the training loop with resume, replay and re-scoring."""
 
 from artstore.training.config import TrainingConfig
 from artstore.training.framework import RolloutsFailedError, RunSummary, TrainingFramework, train

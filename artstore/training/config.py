@@ -1,4 +1,4 @@
-"""`TrainingConfig`: the seed's settings, validated before anything runs."""
+"""`TrainingConfig`: how a run is shaped, validated before anything runs."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def check_count(name: str, value: Any, *, allow_zero: bool = False) -> None:
 
 @dataclass
 class TrainingConfig:
-    """How a run is shaped: as the seed's `TrainingConfig`, plus what the store needs.
+    """How a run is shaped: epochs, batches, groups, validation, plus what the store needs.
 
     - `epochs`: passes over the scenarios (may grow when a finished run is resumed);
     - `batch_size`: scenarios per train step;

@@ -1,8 +1,9 @@
-"""The seed's training loop, on events: every rollout, reward and step is recorded.
+"""The training loop, on events: every rollout, reward and step is recorded.
 
 Groups of `group_size` rollouts per scenario, batches of `batch_size` scenarios, `epochs`
 passes, an optional validation model whose rollouts give each trajectory `wins` and
-`win_rate`: as in the seed's `TrainingFramework`. What changes is that nothing lives only
+`win_rate`: the shape of the file-based `TrainingFramework` ART users started from
+(pickled LangGraph logs under `.art/langgraph/`). What changes is that nothing lives only
 in memory or in files, so running the same run again (by name) continues where it stopped:
 
 - a batch whose groups were all trained is skipped (finished steps are not repeated);
@@ -13,7 +14,7 @@ in memory or in files, so running the same run again (by name) continues where i
 - a step the backend finished but the store never heard of is reconciled with the
   backend's step (`artstore.training.steps.reconcile`).
 
-Bugs of the seed fixed here: the division by zero in the win rate without a validation
+Bugs of that file-based loop fixed here: the division by zero in the win rate without a validation
 model; the start step that was read and never used (it is now checked against the steps
 the store recorded, and reported in `RunSummary`); the reward function's result that was
 never checked (count, numbers, NaN); `model.train`, which ART 0.5 no longer has (now
@@ -21,7 +22,7 @@ never checked (count, numbers, NaN); `model.train`, which ART 0.5 no longer has 
 rollout is now recorded as failed and left out of the group); a failure in one group that
 left the batch's other groups running unattended; trajectories rebuilt from pickled files.
 
-The reward function gets `(scenario, results, trajectories)` as in the seed, where the
+The reward function gets `(scenario, results, trajectories)` as it always did, where the
 scenario and the results are as stored (JSON: pydantic models and dataclasses dumped),
 whether the rollouts were made now or before a crash, so that a resumed run and
 `artstore rescore` score exactly what a fresh run does.
@@ -152,7 +153,7 @@ class TrainingFramework:
     `url`, and closes it when `run_training` returns (or on `close()`).
 
     `run_training` is resumable, and says what it does on stderr, a line per train step
-    (`progress=False` keeps it quiet). The seed's other methods (`process_scenario`,
+    (`progress=False` keeps it quiet). The file-based loop's other methods (`process_scenario`,
     `execute_training_step`, `run_training_epoch`) still work on their own, recorded, but
     their groups belong to no run and are not resumed.
     """
@@ -191,7 +192,7 @@ class TrainingFramework:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    # --- the seed's methods ---------------------------------------------------------------
+    # --- the file-based loop's methods ----------------------------------------------------
 
     async def execute_rollout(
         self,
@@ -207,9 +208,9 @@ class TrainingFramework:
     ) -> tuple[Any, str]:
         """Run the agent once on `scenario`, recorded; returns (result as stored, rollout id).
 
-        The seed returned the path of a pickled log; the rollout id names the events that
-        replace it. The agent is called as `agent_function(scenario, rollout_id)` (the seed's
-        thread id), inside the rollout: its LLM calls through `art.langgraph` or
+        The file-based loop returned the path of a pickled log; the rollout id names the events that
+        replace it. The agent is called as `agent_function(scenario, rollout_id)` (where it
+        took a thread id), inside the rollout: its LLM calls through `art.langgraph` or
         `artstore.langgraph` are recorded.
         """
         store = await self.store()
@@ -820,7 +821,7 @@ async def train(
     store: Store | None = None,
     run: str | None = None,
 ) -> RunSummary:
-    """Legacy training function for backward compatibility (the seed's `train`)."""
+    """Legacy training function for backward compatibility (the file-based loop's `train`)."""
     framework = TrainingFramework(store)
     config = TrainingConfig(epochs=epochs, batch_size=batch_size, group_size=group_size)
     return await framework.run_training(

@@ -140,7 +140,7 @@ async def call_reward_function(
     trajectories: list[art.Trajectory],
     where: str,
 ) -> list[float]:
-    """Call the seed-style `reward_function(scenario, results, trajectories)` safely."""
+    """Call the `reward_function(scenario, results, trajectories)` safely."""
     try:
         rewards = reward_function(scenario, results, trajectories)
         if inspect.isawaitable(rewards):

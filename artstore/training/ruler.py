@@ -11,7 +11,7 @@ ready-made `artstore.training.ruler:ruler`, configured by environment variables)
 
     artstore rescore my-run --reward my_rewards:judge --scorer ruler
 
-`ruler_reward(...)` returns a seed-style reward function `(scenario, results,
+`ruler_reward(...)` returns a reward function `(scenario, results,
 trajectories) -> rewards` that calls `art.rewards.ruler_score_group` on the group's
 trajectories. What ART's RULER returns is a new group that keeps only the trajectories'
 messages, tools, rewards, metrics, metadata and logs: the group's metadata, metrics,

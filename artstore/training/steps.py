@@ -307,7 +307,7 @@ def can_push(model: Any) -> bool:
 
 
 async def push_checkpoint(store: Store, *, run: str, model: Any, step: int) -> bool:
-    """Push the checkpoint as the seed did (`_experimental_push_to_s3`) when the backend can."""
+    """Push the checkpoint as ART's loops do (`_experimental_push_to_s3`) when the backend can."""
     if not can_push(model):
         return False
     try:

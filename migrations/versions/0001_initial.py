@@ -7,7 +7,7 @@ Create Date: 2026-11-30 06:22:29.140419
 The event log and the blobs are append-only: triggers refuse UPDATE, DELETE (and on
 PostgreSQL TRUNCATE) on them. On PostgreSQL a trigger also assigns each event's global
 position under a transaction-scoped advisory lock, so that positions are handed out in
-commit order and a catch-up reader never skips an event (DESIGN.md invariant 3).
+commit order and a catch-up reader never skips an event (docs/architecture.md, invariant 3).
 """
 
 from __future__ import annotations
