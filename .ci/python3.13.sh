@@ -8,7 +8,9 @@
 # build takes 5 to 10 minutes on 2 cores; later calls print the kept interpreter at once.
 set -euo pipefail
 
-for found in python3.13 /opt/py313/bin/python3.13 "${PY313_PREFIX:-/opt/py313}/bin/python3.13"; do
+# pyenv's builds count too: a machine with pyenv often has 3.13 without it on PATH.
+for found in python3.13 "${PY313_PREFIX:-/opt/py313}/bin/python3.13" \
+  "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.13*/bin/python3.13; do
   if command -v "$found" >/dev/null 2>&1 \
     && "$found" -c "import ssl, sqlite3, ctypes, lzma, bz2, zlib, ensurepip" 2>/dev/null; then
     command -v "$found"

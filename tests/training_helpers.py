@@ -33,7 +33,7 @@ def lookup(query: str) -> str:
 
 
 def react_agent():
-    """A real LangGraph ReAct agent on ART's chat model (the kind of agent TrainingFramework runs)."""
+    """A real LangGraph ReAct agent on ART's chat model, the kind TrainingFramework runs."""
     from art.langgraph import init_chat_model
 
     with warnings.catch_warnings():  # create_react_agent is deprecated in LangGraph 1.x
