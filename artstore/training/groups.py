@@ -64,8 +64,13 @@ async def group_rollouts(store: Store, group_id: str) -> GroupRollouts:
     return found
 
 
-async def abandon_rollouts(store: Store, rollout_ids: Sequence[str]) -> None:
-    """Record rollouts left running by a dead trainer as failed; they are run again.
+async def abandon_rollouts(
+    store: Store,
+    rollout_ids: Sequence[str],
+    why: str = "the trainer stopped (crash or kill) before this rollout ended; the resumed "
+    "run rolled out another in its place",
+) -> None:
+    """Record rollouts left running by a process that died as failed (`RolloutAbandoned`).
 
     Only the holder of the run's lease may call this: no other process runs its rollouts.
     """
@@ -80,8 +85,7 @@ async def abandon_rollouts(store: Store, rollout_ids: Sequence[str]) -> None:
                 RolloutFailed(
                     rollout_id=rollout_id,
                     error_type="RolloutAbandoned",
-                    error_message="the trainer stopped (crash or kill) before this rollout "
-                    "ended; the resumed run rolled out another in its place",
+                    error_message=why,
                     traceback="",
                     # Until its last recorded event: the moment of the crash is unknown.
                     duration_s=(recorded[-1].recorded_at - recorded[0].recorded_at).total_seconds(),

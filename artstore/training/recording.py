@@ -36,7 +36,6 @@ from artstore.events import (
     GroupSealed,
     ImportedHistory,
     RewardsRecorded,
-    RolloutFailed,
     RolloutFinished,
     RolloutStarted,
     TrajectoryRecorded,
@@ -45,7 +44,7 @@ from artstore.events import (
 from artstore.eventstore.blobs import blob_hash
 from artstore.eventstore.store import NO_STREAM
 from artstore.schema import tables as t
-from artstore.training.groups import group_stream, sealed_groups
+from artstore.training.groups import abandon_rollouts, group_stream, sealed_groups
 from artstore.training.runs import ensure_run
 
 if TYPE_CHECKING:
@@ -271,27 +270,6 @@ async def _scored(store: Store, rollout_ids: list[str], scorer: str) -> dict[str
     return found
 
 
-async def abandon(store: Store, rollout_ids: Sequence[str]) -> None:
-    """Rollouts left running by a process that died: recorded as failed, never resumed."""
-    streams = await store.read_streams(rollout_stream(r) for r in rollout_ids)
-    for rollout_id in rollout_ids:
-        recorded = streams[rollout_stream(rollout_id)]
-        await store.append(
-            rollout_stream(rollout_id),
-            [
-                RolloutFailed(
-                    rollout_id=rollout_id,
-                    error_type="RolloutAbandoned",
-                    error_message="the process running this rollout stopped (crash or "
-                    "kill) before it ended; its group was sealed without it",
-                    traceback="",
-                    duration_s=(recorded[-1].recorded_at - recorded[0].recorded_at).total_seconds(),
-                )
-            ],
-            expected_version=recorded[-1].version,
-        )
-
-
 def _art_group_details(group: art.TrajectoryGroup) -> dict[str, Any]:
     return {
         "metadata": own_metadata(group.metadata),
@@ -410,7 +388,12 @@ async def record_group(
     )
     members = await _group_members(store, group_id)
     if members["running"]:
-        await abandon(store, members["running"])
+        await abandon_rollouts(
+            store,
+            members["running"],
+            why="the process running this rollout stopped (crash or kill) before it ended; "
+            "its group was sealed without it",
+        )
     failed = [r for r in [*members["failed"], *members["running"]] if r not in rollout_ids]
     details = Blobs(store.redact)
     art_group = details.add(_art_group_details(group), f"{where} metadata, metrics or logs")
