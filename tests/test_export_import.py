@@ -63,16 +63,28 @@ SUMMARIZE = [{"type": "function", "function": {"name": "summarize", "description
 # --- a small run, recorded through the capture API -------------------------------------------
 
 
-def ai(content: str, *tools: tuple[str, dict], logprobs: bool = True, n: int = 0) -> AIMessage:
+def ai(
+    content: str,
+    *tools: tuple[str, dict],
+    logprobs: bool = True,
+    n: int = 0,
+    last_logprob: float = -0.5,
+) -> AIMessage:
     metadata: dict[str, Any] = {
         "finish_reason": "tool_calls" if tools else "stop",
         "model_name": "m",
     }
     if logprobs:
+        tokens = (content or "call").split()
         metadata["logprobs"] = {
             "content": [
-                {"token": token, "logprob": -0.5, "bytes": list(token.encode()), "top_logprobs": []}
-                for token in (content or "call").split()
+                {
+                    "token": token,
+                    "logprob": -0.5 if i < len(tokens) - 1 else last_logprob,
+                    "bytes": list(token.encode()),
+                    "top_logprobs": [],
+                }
+                for i, token in enumerate(tokens)
             ]
         }
     calls = [
@@ -99,7 +111,8 @@ async def record_rollout(store, rollout_id: str, group_id: str, *, role: str = "
         first = ai("", ("search", {"q": rollout_id}), logprobs=policy, n=1)
         rollout.record_llm_call([system, question], first, tools=SEARCH)
         found = ToolMessage("found it", tool_call_id="call-1-0")
-        answer = ai(f"answer of {rollout_id}", logprobs=policy, n=2)
+        # A token the model was sure it would not say: a logprob of -inf, kept as such.
+        answer = ai(f"answer of {rollout_id}", logprobs=policy, n=2, last_logprob=float("-inf"))
         rollout.record_llm_call([system, question, first, found], answer, tools=SEARCH)
         summary = ai("short", logprobs=policy, n=3)
         rollout.record_llm_call([HumanMessage("Summarize: found it")], summary, tools=SUMMARIZE)
@@ -311,6 +324,7 @@ def test_jsonl_export_imported_into_a_fresh_store_gives_the_same_trajectories(
     result = cli("export", RUN, str(exported), "--url", database_url)
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in exported.read_text().splitlines()]
+    assert '"logprob": -Infinity' in exported.read_text()  # not null: ART's Choice needs a float
     to_stdout = cli("export", RUN, "-", "--url", database_url)
     assert to_stdout.exit_code == 0, to_stdout.output
     assert [json.loads(line) for line in to_stdout.stdout.splitlines()] == lines
@@ -337,6 +351,8 @@ def test_jsonl_export_imported_into_a_fresh_store_gives_the_same_trajectories(
             trained = await copy.trajectory("g0-a")
             assert isinstance(trained.messages_and_choices[2], Choice)
             assert trained.messages_and_choices[2].logprobs.content[0].logprob == -0.5
+            answer = trained.messages_and_choices[4]
+            assert answer.logprobs.content[-1].logprob == float("-inf")
             assert trained.tools == SEARCH
             assert trained.additional_histories[0].tools == SUMMARIZE
 

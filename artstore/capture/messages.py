@@ -53,7 +53,7 @@ _serializers: dict[type, pydantic_core.SchemaSerializer] = {}
 _serializers_lock = threading.Lock()
 
 
-def _serializer(cls: type[BaseMessage]) -> pydantic_core.SchemaSerializer:
+def _serializer(cls: type[BaseModel]) -> pydantic_core.SchemaSerializer:
     """The class's own pydantic serializer, writing non-finite floats as JSON constants."""
     found = _serializers.get(cls)
     if found is None:
@@ -73,6 +73,11 @@ def dump_message(message: BaseMessage) -> str:
     """
     data = _serializer(type(message)).to_json(message, warnings=False, fallback=_fallback)
     return f'{{"type":{json.dumps(message.type)},"data":{data.decode()}}}'
+
+
+def dump_model(model: BaseModel) -> bytes:
+    """A pydantic model (an ART `Trajectory`, say) as JSON, non-finite floats kept whole."""
+    return _serializer(type(model)).to_json(model, warnings=False, fallback=_fallback)
 
 
 def load_message(body: str | bytes) -> BaseMessage:

@@ -43,6 +43,7 @@ from typing import IO, TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from artstore.art_versions import exchanges_problem
+from artstore.capture.messages import dump_model
 from artstore.errors import ExchangeFormatError, NotFoundError
 from artstore.events import GroupSealed, RewardsRecorded, RunImported
 from artstore.exchange.importer import (
@@ -100,7 +101,8 @@ async def export_jsonl(
             for group in chunk:
                 for rid in group.rollout_ids:
                     line = _line(run_record, group, rid, details[rid], outline.own_step(group))
-                    handle.write(json.dumps(line, allow_nan=False) + "\n")
+                    # A logprob can be -inf: written as `-Infinity`, which json reads back.
+                    handle.write(json.dumps(line) + "\n")
                     summary.trajectories += 1
                     summary.failed_rollouts += details[rid].failed is not None
                 summary.groups += group.group_id is not None
@@ -175,8 +177,8 @@ def _line(
         ],
         "consumed": dict(group.consumed),
         "step": step,
-        # pydantic's JSON (non-finite floats become null, as the capture stores them)
-        "trajectory": json.loads(d.trajectory.model_dump_json(warnings=False)),
+        # Non-finite floats kept (pydantic's default would write -inf as null)
+        "trajectory": json.loads(dump_model(d.trajectory)),
     }
 
 
