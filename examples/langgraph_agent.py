@@ -22,7 +22,6 @@ import art
 from langchain_core.tools import tool
 
 import artstore
-from artstore.art_versions import trainable_model
 from artstore.backends import CheckOnlyBackend
 from artstore.langgraph import init_chat_model, wrap_rollout
 from artstore.testing.inference_server import LocalInferenceServer
@@ -59,7 +58,9 @@ async def main(url: str | None, art_path: str, steps: int) -> None:
             ),
             run=RUN,
         )
-        model = trainable_model(name="langgraph", project="examples", base_model="Qwen/Qwen3-8B")
+        model = art.TrainableModel(
+            name="langgraph", project="examples", base_model="Qwen/Qwen3-8B", run_name="langgraph"
+        )
         await model.register(backend)
         recorded = wrap_rollout(store, model, rollout, run=RUN)
         for step in range(await model.get_step(), steps):

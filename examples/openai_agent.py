@@ -24,7 +24,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import art
 
 import artstore
-from artstore.art_versions import trainable_model
 from artstore.backends import CheckOnlyBackend
 from artstore.testing.inference_server import LocalInferenceServer
 
@@ -57,7 +56,12 @@ async def main(url: str | None, art_path: str, steps: int) -> None:
             ),
             run=RUN,
         )
-        model = trainable_model(name="openai-agent", project="examples", base_model="Qwen/Qwen3-8B")
+        model = art.TrainableModel(
+            name="openai-agent",
+            project="examples",
+            base_model="Qwen/Qwen3-8B",
+            run_name="openai-agent",
+        )
         await model.register(backend)
         client = model.openai_client()
 

@@ -22,7 +22,6 @@ import art
 from art.pipeline_trainer import PipelineRuntimeConfig, make_group_rollout_fn
 
 import artstore
-from artstore.art_versions import trainable_model
 from artstore.backends import CheckOnlyBackend
 from artstore.testing.inference_server import LocalInferenceServer
 
@@ -35,7 +34,9 @@ async def main(url: str | None, art_path: str, scenarios: int) -> None:
         backend = CheckOnlyBackend(
             path=art_path, inference_base_url=server.base_url, inference_api_key=server.api_key
         )
-        model = trainable_model(name="pipeline", project="examples", base_model="Qwen/Qwen3-8B")
+        model = art.TrainableModel(
+            name="pipeline", project="examples", base_model="Qwen/Qwen3-8B", run_name="pipeline"
+        )
         await model.register(backend)
         client = model.openai_client()
 

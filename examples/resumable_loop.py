@@ -24,7 +24,6 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 import art
 
 import artstore
-from artstore.art_versions import trainable_model
 from artstore.backends import CheckOnlyBackend
 from artstore.testing.inference_server import LocalInferenceServer
 
@@ -42,7 +41,9 @@ async def main(url: str | None, art_path: str, steps: int, delay: float) -> None
             ),
             run=RUN,
         )
-        model = trainable_model(name="resumable", project="examples", base_model="Qwen/Qwen3-8B")
+        model = art.TrainableModel(
+            name="resumable", project="examples", base_model="Qwen/Qwen3-8B", run_name="resumable"
+        )
         await model.register(backend)
         client = model.openai_client()
 
