@@ -328,7 +328,7 @@ class PostgresWriter(Writer):
         self.database = database
         self._connection: AsyncConnection | None = None
 
-    async def transaction(self, work: Callable[[Connection], T]) -> T:
+    async def transaction(self, work: Callable[[Connection], T], *, events: int = 0) -> T:
         def locked(connection: Connection) -> T:
             self.database.lock_appends(connection)
             return work(connection)

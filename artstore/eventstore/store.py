@@ -262,8 +262,9 @@ class EventStore:
                         raise  # the transaction is gone, not only this append
                     self._refused(item, exc)
 
+        num_events = sum(len(item.rows) for item in batch)
         try:
-            await self._transaction(fast)
+            await self._transaction(fast, num_events)
             self.transactions += 1
         except LockTimeoutError:
             raise  # waiting again would only wait as long again: every append gets the error
@@ -273,7 +274,7 @@ class EventStore:
                 self.transactions += 1
             except Exception:
                 await self._write_each_alone(batch)
-        self._events_since_statistics += sum(len(item.rows) for item in batch)
+        self._events_since_statistics += num_events
         if self._events_since_statistics >= STATISTICS_EVERY_EVENTS:
             await self._refresh_statistics()
         for item in batch:  # committed: remember what now exists
@@ -311,7 +312,7 @@ class EventStore:
         item.error = error
         self._heads.pop(item.stream_id, None)
 
-    async def _transaction(self, work: Callable[[Connection], None]) -> None:
+    async def _transaction(self, work: Callable[[Connection], None], events: int = 0) -> None:
         """Run `work` (synchronous SQL) as one write transaction, in one call.
 
         The writer keeps its connection for the store's life and replaces it after an
@@ -319,7 +320,7 @@ class EventStore:
         """
         assert self._write is not None  # a read-only store refuses appends before this
         try:
-            await self._write.transaction(work)
+            await self._write.transaction(work, events=events)
         except BaseException as exc:
             if not _about_the_append(exc):
                 await self._write.reset()
