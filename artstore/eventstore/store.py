@@ -11,8 +11,10 @@ one call by the database's `Writer` (artstore.eventstore.sqlite / .postgres).
 Global positions are commit-ordered on both databases, so a reader catching up with
 `read_all(after=...)` sees every committed event exactly once, in order (invariant 3):
 SQLite has one writer at a time; on PostgreSQL every appending transaction holds one
-advisory lock until it commits (taken by the writer, and by the position trigger of the
-schema).
+lock (on the table `append_lock`) from its INSERT into `events` until it commits, taken
+by a statement trigger of the schema. Everything that needs no order (stream heads, the
+expected-version check, a condition, blobs) is done before that INSERT, so that the lock
+is held for the INSERT, the projections and the commit only.
 """
 
 from __future__ import annotations
@@ -342,8 +344,10 @@ class EventStore:
             heads[item.stream_id] = head + len(item.rows)
             if item.condition is not None:
                 item.condition(connection)
-        positions = self.database.insert_events(connection, rows)
+        # Blobs first: on PostgreSQL the append lock is taken by the events' INSERT and
+        # held until commit, so whatever needs no order is written before it.
         self._insert_blobs(connection, batch)
+        positions = self.database.insert_events(connection, rows)
         start = 0
         for item in batch:
             mine = positions[start : start + len(item.rows)]
@@ -378,8 +382,8 @@ class EventStore:
         if item.condition is not None:
             item.condition(connection)
         rows = [{**row, "version": head + n} for n, row in enumerate(item.rows, start=1)]
-        positions = self.database.insert_events(connection, rows)
         self._insert_blobs(connection, [item])
+        positions = self.database.insert_events(connection, rows)
         item.recorded = _recorded(rows, positions)
         item.result = AppendResult(item.stream_id, rows[-1]["version"], positions, True)
         if self._projector is not None:
