@@ -304,3 +304,76 @@ async def test_no_event_keeps_a_known_secret(store, monkeypatch):
     await store.append("run-r", [RunFinished(run="r", status="failed", error=f"401 for {secret}")])
     (recorded,) = await store.read_stream("run-r")
     assert secret not in str(recorded.data) and "[REDACTED]" in recorded.data["error"]
+
+
+class RaceWorker:
+    """A process of tests/stream_race_worker.py, driven line by line."""
+
+    def __init__(self, url: str, stream: str, name: str, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(RACE_WORKER), url, stream, name, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.said() == "ready"
+
+    def said(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().strip()
+
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
+
+    def finish(self) -> str:
+        outcome = self.said()
+        assert self.process.wait(timeout=60) == 0
+        return outcome
+
+
+RACE_WORKER = Path(__file__).with_name("stream_race_worker.py")
+
+
+async def test_processes_racing_for_a_stream_version_get_wrong_expected_version(postgres_url):
+    # On PostgreSQL the stream's head is read before the append lock is taken: another
+    # process can commit the same version in between. The loser must hear it as a
+    # version conflict (never a raw constraint error) and write nothing.
+    async with await artstore.open_store(postgres_url) as store:
+        await store.append("run-race", [finished("base")], NO_STREAM)
+        slow = RaceWorker(postgres_url, "run-race", "slow", "--expected", "1", "--pause")
+        fast = RaceWorker(postgres_url, "run-race", "fast", "--expected", "1")
+        slow.go()
+        assert slow.said() == "checked"  # the head (1) is read; the INSERT is to come
+        fast.go()
+        assert fast.finish() == "ok 2"
+        slow.go()
+        while (line := slow.said()) == "checked":  # the condition runs again on the recheck
+            slow.go()
+        assert line.startswith("error WrongExpectedVersionError"), line
+        assert slow.process.wait(timeout=60) == 0
+        stream = await store.read_stream("run-race")
+        assert [(e.version, e.decode().run) for e in stream] == [(1, "base"), (2, "fast")]
+
+
+async def test_an_append_to_any_version_outlasts_other_processes_committing_first(postgres_url):
+    # With no expected version, an append whose head went stale while it waited (twice
+    # here: on the first try and on the recheck) is written after the others, without a gap.
+    async with await artstore.open_store(postgres_url) as store:
+        await store.append("run-any", [finished("base")], NO_STREAM)
+        slow = RaceWorker(postgres_url, "run-any", "slow", "--pause")
+        others = [RaceWorker(postgres_url, "run-any", name) for name in ("second", "third")]
+        slow.go()
+        for other in others:  # each commits while the slow one sits between head and INSERT
+            assert slow.said() == "checked"
+            other.go()
+            assert other.finish().startswith("ok ")
+            slow.go()
+        while (line := slow.said()) == "checked":
+            slow.go()
+        assert line == "ok 4"
+        assert slow.process.wait(timeout=60) == 0
+        stream = await store.read_stream("run-any")
+        assert [e.version for e in stream] == [1, 2, 3, 4]
+        assert [e.decode().run for e in stream] == ["base", "second", "third", "slow"]

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
 from artstore.errors import (
     AppendRefusedError,
@@ -58,6 +58,9 @@ MAX_EVENTS_PER_TRANSACTION = 5000
 # Planner statistics (where the database needs them refreshed by hand: SQLite) every so
 # many events, and when a store that wrote closes. PostgreSQL's autovacuum does this.
 STATISTICS_EVERY_EVENTS = 10_000
+# How often one append reads its stream's head again after other processes took the
+# version it was about to write (each time, another append to that stream committed).
+MAX_STREAM_RACES = 100
 
 
 @dataclass(frozen=True)
@@ -376,6 +379,19 @@ class EventStore:
                 f"{item.stream_id!r} are already stored (in stream {existing[0].stream_id!r}): "
                 "a retry must resend exactly the same events; nothing was written"
             )
+        # On PostgreSQL the head is read before the append lock (taken by the INSERT):
+        # another process may commit the stream's next version in between. Its commit is
+        # then visible, so read the head again and check the expected version against it.
+        for attempt in range(1, MAX_STREAM_RACES + 1):
+            try:
+                with connection.begin_nested():
+                    self._write_at_head(connection, item)
+                return
+            except IntegrityError as exc:
+                if attempt == MAX_STREAM_RACES or not _a_version_taken(exc):
+                    raise
+
+    def _write_at_head(self, connection: Connection, item: _Append) -> None:
         head = _stream_heads(connection, {item.stream_id}).get(item.stream_id, 0)
         if item.expected_version is not None and item.expected_version != head:
             raise WrongExpectedVersionError(item.stream_id, item.expected_version, head)
@@ -397,7 +413,10 @@ class EventStore:
                     new[digest] = body
         if not new:
             return
-        rows = [{"hash": h, "body": b, "size": len(b)} for h, b in new.items()]
+        # In one order in every process: on PostgreSQL blobs are written before the append
+        # lock, and two transactions inserting the same two blobs in opposite orders would
+        # each wait for the other.
+        rows = [{"hash": h, "body": b, "size": len(b)} for h, b in sorted(new.items())]
         self.database.insert_missing(connection, blobs, "hash", rows)
 
     def _remember_head(self, stream_id: str, version: int) -> None:
@@ -523,6 +542,12 @@ def _about_the_append(exc: BaseException) -> bool:
             exc, (OperationalError, InterfaceError)
         )
     return isinstance(exc, Exception)
+
+
+def _a_version_taken(exc: IntegrityError) -> bool:
+    """Whether the unique (stream, version) key refused the insert (PostgreSQL, SQLite)."""
+    message = str(exc.orig)
+    return "uq_events_stream_id_version" in message or "events.stream_id, events.version" in message
 
 
 def _still_in_transaction(connection: Connection) -> bool:
