@@ -13,6 +13,7 @@ from sqlalchemy import func, select, text
 
 import artstore
 from artstore.errors import (
+    AppendRefusedError,
     DatabaseUnavailableError,
     DuplicateEventError,
     ImmutableEventError,
@@ -23,8 +24,11 @@ from artstore.errors import (
 )
 from artstore.events import Event, RewardsRecorded, RunFinished, decode_event
 from artstore.eventstore import NO_STREAM, encode_blob
-from artstore.eventstore.database import translate_error
+from artstore.eventstore.database import connect, translate_error
+from artstore.eventstore.store import EventStore
+from artstore.projections import project
 from artstore.schema.tables import blobs, events
+from artstore.urls import resolve_url
 
 WORKER = Path(__file__).with_name("append_worker.py")
 
@@ -377,3 +381,67 @@ async def test_an_append_to_any_version_outlasts_other_processes_committing_firs
         stream = await store.read_stream("run-any")
         assert [e.version for e in stream] == [1, 2, 3, 4]
         assert [e.decode().run for e in stream] == ["base", "second", "third", "slow"]
+
+
+HOLD_SQLITE_WRITE_LOCK = """
+import sqlite3, sys
+connection = sqlite3.connect(sys.argv[1], isolation_level=None)
+connection.execute("BEGIN IMMEDIATE")
+print("holding", flush=True)
+sys.stdin.readline()
+connection.execute("COMMIT")
+"""
+
+
+async def test_sqlite_appends_wait_for_another_process_without_blocking_the_loop(tmp_path):
+    # A small append runs on the event loop's thread only when the file is free at once;
+    # while another process holds the write lock it waits in the writer thread.
+    path = tmp_path / "held.db"
+    async with await artstore.open_store(f"sqlite:///{path}") as store:
+        first = await store.append("run-h", [finished("h1")], NO_STREAM)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD_SQLITE_WRITE_LOCK, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        waiting = asyncio.create_task(store.append("run-h", [finished("h2")], expected_version=1))
+        ticks = 0
+        for _ in range(5):  # the loop keeps running while the append waits
+            await asyncio.sleep(0.02)
+            ticks += 1
+        assert ticks == 5 and not waiting.done()
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.wait(timeout=60) == 0
+        second = await waiting
+        third = await store.append("run-h", [finished("h3")], expected_version=2)
+        assert (second.version, third.version) == (2, 3)
+        stream = await store.read_stream("run-h")
+        assert [e.decode().run for e in stream] == ["h1", "h2", "h3"]
+        assert [e.position for e in stream] == [first.positions[0] + n for n in range(3)]
+
+
+async def test_a_failed_small_sqlite_transaction_leaves_nothing_and_the_writer_usable(tmp_path):
+    url = f"sqlite:///{tmp_path / 'failed.db'}"
+    await (await artstore.open_store(url)).close()  # migrated
+
+    def projector(connection, recorded) -> None:
+        project(connection, recorded)
+        if any(e.data.get("run") == "bad" for e in recorded):  # after the INSERT
+            raise ValueError("this projection fails")
+
+    store = EventStore(connect(resolve_url(url)), projector=projector)
+    try:
+        good = await store.append("run-f", [finished("good")], NO_STREAM)
+        with pytest.raises(AppendRefusedError, match="this projection fails"):
+            await store.append("run-f", [finished("bad")], expected_version=1)
+        after = await store.append("run-f", [finished("after")], expected_version=1)
+        stream = await store.read_stream("run-f")
+        assert [(e.version, e.decode().run) for e in stream] == [(1, "good"), (2, "after")]
+        assert after.positions == [good.positions[0] + 1]  # the failed one left no position
+        assert await count_events(store) == 2
+    finally:
+        await store.close()
