@@ -13,6 +13,7 @@ from sqlalchemy import func, select, text
 
 import artstore
 from artstore.errors import (
+    AppendRefusedError,
     DatabaseUnavailableError,
     DuplicateEventError,
     ImmutableEventError,
@@ -23,8 +24,11 @@ from artstore.errors import (
 )
 from artstore.events import Event, RewardsRecorded, RunFinished, decode_event
 from artstore.eventstore import NO_STREAM, encode_blob
-from artstore.eventstore.database import translate_error
+from artstore.eventstore.database import connect, translate_error
+from artstore.eventstore.store import EventStore
+from artstore.projections import project
 from artstore.schema.tables import blobs, events
+from artstore.urls import resolve_url
 
 WORKER = Path(__file__).with_name("append_worker.py")
 
@@ -304,3 +308,140 @@ async def test_no_event_keeps_a_known_secret(store, monkeypatch):
     await store.append("run-r", [RunFinished(run="r", status="failed", error=f"401 for {secret}")])
     (recorded,) = await store.read_stream("run-r")
     assert secret not in str(recorded.data) and "[REDACTED]" in recorded.data["error"]
+
+
+class RaceWorker:
+    """A process of tests/stream_race_worker.py, driven line by line."""
+
+    def __init__(self, url: str, stream: str, name: str, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(RACE_WORKER), url, stream, name, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.said() == "ready"
+
+    def said(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().strip()
+
+    def go(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
+
+    def finish(self) -> str:
+        outcome = self.said()
+        assert self.process.wait(timeout=60) == 0
+        return outcome
+
+
+RACE_WORKER = Path(__file__).with_name("stream_race_worker.py")
+
+
+async def test_processes_racing_for_a_stream_version_get_wrong_expected_version(postgres_url):
+    # On PostgreSQL the stream's head is read before the append lock is taken: another
+    # process can commit the same version in between. The loser must hear it as a
+    # version conflict (never a raw constraint error) and write nothing.
+    async with await artstore.open_store(postgres_url) as store:
+        await store.append("run-race", [finished("base")], NO_STREAM)
+        slow = RaceWorker(postgres_url, "run-race", "slow", "--expected", "1", "--pause")
+        fast = RaceWorker(postgres_url, "run-race", "fast", "--expected", "1")
+        slow.go()
+        assert slow.said() == "checked"  # the head (1) is read; the INSERT is to come
+        fast.go()
+        assert fast.finish() == "ok 2"
+        slow.go()
+        while (line := slow.said()) == "checked":  # the condition runs again on the recheck
+            slow.go()
+        assert line.startswith("error WrongExpectedVersionError"), line
+        assert slow.process.wait(timeout=60) == 0
+        stream = await store.read_stream("run-race")
+        assert [(e.version, e.decode().run) for e in stream] == [(1, "base"), (2, "fast")]
+
+
+async def test_an_append_to_any_version_outlasts_other_processes_committing_first(postgres_url):
+    # With no expected version, an append whose head went stale while it waited (twice
+    # here: on the first try and on the recheck) is written after the others, without a gap.
+    async with await artstore.open_store(postgres_url) as store:
+        await store.append("run-any", [finished("base")], NO_STREAM)
+        slow = RaceWorker(postgres_url, "run-any", "slow", "--pause")
+        others = [RaceWorker(postgres_url, "run-any", name) for name in ("second", "third")]
+        slow.go()
+        for other in others:  # each commits while the slow one sits between head and INSERT
+            assert slow.said() == "checked"
+            other.go()
+            assert other.finish().startswith("ok ")
+            slow.go()
+        while (line := slow.said()) == "checked":
+            slow.go()
+        assert line == "ok 4"
+        assert slow.process.wait(timeout=60) == 0
+        stream = await store.read_stream("run-any")
+        assert [e.version for e in stream] == [1, 2, 3, 4]
+        assert [e.decode().run for e in stream] == ["base", "second", "third", "slow"]
+
+
+HOLD_SQLITE_WRITE_LOCK = """
+import sqlite3, sys
+connection = sqlite3.connect(sys.argv[1], isolation_level=None)
+connection.execute("BEGIN IMMEDIATE")
+print("holding", flush=True)
+sys.stdin.readline()
+connection.execute("COMMIT")
+"""
+
+
+async def test_sqlite_appends_wait_for_another_process_without_blocking_the_loop(tmp_path):
+    # A small append runs on the event loop's thread only when the file is free at once;
+    # while another process holds the write lock it waits in the writer thread.
+    path = tmp_path / "held.db"
+    async with await artstore.open_store(f"sqlite:///{path}") as store:
+        first = await store.append("run-h", [finished("h1")], NO_STREAM)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD_SQLITE_WRITE_LOCK, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        waiting = asyncio.create_task(store.append("run-h", [finished("h2")], expected_version=1))
+        ticks = 0
+        for _ in range(5):  # the loop keeps running while the append waits
+            await asyncio.sleep(0.02)
+            ticks += 1
+        assert ticks == 5 and not waiting.done()
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.wait(timeout=60) == 0
+        second = await waiting
+        third = await store.append("run-h", [finished("h3")], expected_version=2)
+        assert (second.version, third.version) == (2, 3)
+        stream = await store.read_stream("run-h")
+        assert [e.decode().run for e in stream] == ["h1", "h2", "h3"]
+        assert [e.position for e in stream] == [first.positions[0] + n for n in range(3)]
+
+
+async def test_a_failed_small_sqlite_transaction_leaves_nothing_and_the_writer_usable(tmp_path):
+    url = f"sqlite:///{tmp_path / 'failed.db'}"
+    await (await artstore.open_store(url)).close()  # migrated
+
+    def projector(connection, recorded) -> None:
+        project(connection, recorded)
+        if any(e.data.get("run") == "bad" for e in recorded):  # after the INSERT
+            raise ValueError("this projection fails")
+
+    store = EventStore(connect(resolve_url(url)), projector=projector)
+    try:
+        good = await store.append("run-f", [finished("good")], NO_STREAM)
+        with pytest.raises(AppendRefusedError, match="this projection fails"):
+            await store.append("run-f", [finished("bad")], expected_version=1)
+        after = await store.append("run-f", [finished("after")], expected_version=1)
+        stream = await store.read_stream("run-f")
+        assert [(e.version, e.decode().run) for e in stream] == [(1, "good"), (2, "after")]
+        assert after.positions == [good.positions[0] + 1]  # the failed one left no position
+        assert await count_events(store) == 2
+    finally:
+        await store.close()

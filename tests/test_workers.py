@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from artstore.errors import (
     NotFoundError,
     WrongDatabaseError,
 )
-from artstore.events import GroupSealed, RewardsRecorded, RunStarted
+from artstore.events import GroupSealed, RewardsRecorded, RolloutStarted, RunStarted
 from artstore.eventstore.store import NO_STREAM
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
@@ -216,6 +217,50 @@ async def test_a_lease_that_expired_is_refused_even_if_nobody_claimed_it(pg_stor
     assert lost == [started, idle]  # an expired lease is not renewed either
     slots = await rows(pg_store, t.rollout_claims)
     assert {(s.status, s.token) for s in slots} == {("claimed", 1)}  # for the next claimer
+
+
+async def test_a_start_checked_before_the_append_lock_keeps_its_slot_until_commit(pg_store):
+    # The lease is checked before the events' INSERT takes the append lock. While the
+    # start waits for that lock its lease runs out: nobody may claim the slot until the
+    # start commits (or the new claimer would not know to abandon the started rollout).
+    await register(pg_store, batches=[0], group_size=1)
+    (stale,) = await claims.claim_rollouts(pg_store.database, RUN, "stale", 1, 2)
+    started = RolloutStarted(
+        rollout_id=stale.rollout_id,
+        run=RUN,
+        group_id=stale.group_id,
+        model="model",
+        started_at=datetime.now(UTC),
+    )
+    check = claims.rollout_check(stale)
+    async with pg_store.database.write() as blocker:
+        await blocker.exec_driver_sql("LOCK TABLE append_lock IN EXCLUSIVE MODE")
+        start = asyncio.create_task(
+            pg_store.append(
+                f"rollout-{stale.rollout_id}",
+                [started],
+                NO_STREAM,
+                condition=lambda connection: check(connection, started),
+            )
+        )
+        waiting = text(
+            "SELECT count(*) FROM pg_locks WHERE relation = 'append_lock'::regclass AND NOT granted"
+        )
+        expired = text("SELECT bool_and(lease_expires_at < clock_timestamp()) FROM rollout_claims")
+        async with pg_store.database.read() as reader:
+            while not (await reader.execute(waiting)).scalar():  # checked, at the INSERT
+                await asyncio.sleep(0.02)
+            while not (await reader.execute(expired)).scalar():
+                await reader.commit()
+                await asyncio.sleep(0.1)
+        assert not start.done()
+        assert await claims.claim_rollouts(pg_store.database, RUN, "fresh", 1, 30) == []
+    assert (await start).written  # the blocker committed: the start goes through
+    (fresh,) = await claims.claim_rollouts(pg_store.database, RUN, "fresh", 1, 30)
+    assert (fresh.token, fresh.previous_rollout_id) == (stale.token + 1, stale.rollout_id)
+    events = await pg_store.read_stream(f"rollout-{stale.rollout_id}")
+    assert [e.type for e in events] == ["rollout.started"]
+    assert await abandon_rollout(pg_store, stale.rollout_id, "gone")
 
 
 async def test_the_heartbeat_extends_held_leases_and_reports_lost_ones(pg_store):

@@ -51,8 +51,11 @@ class Writer:
     connection, a dedicated pooled connection).
     """
 
-    async def transaction(self, work: Callable[[Connection], T]) -> T:
-        """Run `work` in one write transaction that holds the append lock, and commit."""
+    async def transaction(self, work: Callable[[Connection], T], *, events: int = 0) -> T:
+        """Run `work` in one write transaction that holds the append lock, and commit.
+
+        `events`: how many events it appends (0: unknown), so that a database may run a
+        small transaction without a hop to another thread."""
         raise NotImplementedError
 
     async def refresh_statistics(self) -> None:

@@ -1,8 +1,9 @@
 """artstore on PostgreSQL: many machines, one database.
 
-Every appending transaction holds an EXCLUSIVE lock on the table `append_lock` until it
-commits, taken here and by a trigger of the schema, so that global positions are handed
-out in commit order and a reader catching up from a position never misses an event
+Every appending transaction holds an EXCLUSIVE lock on the table `append_lock` from its
+INSERT into `events` until it commits, taken by a statement trigger of the schema (the
+writer does what needs no order first), so that global positions are handed out in
+commit order and a reader catching up from a position never misses an event
 (PostgreSQL sequences alone are not commit-ordered). Trainers hold a session-level
 advisory lock per model, which the server releases when their connection dies.
 
@@ -322,21 +323,20 @@ def _server_options(options: str) -> dict[str, str]:
 
 class PostgresWriter(Writer):
     """Write transactions on a connection of the writer's own, kept for the store's life,
-    each holding the append lock until it commits."""
+    each holding the append lock from its INSERT into `events` until it commits."""
 
     def __init__(self, database: PostgresDatabase) -> None:
         self.database = database
         self._connection: AsyncConnection | None = None
 
-    async def transaction(self, work: Callable[[Connection], T]) -> T:
-        def locked(connection: Connection) -> T:
-            self.database.lock_appends(connection)
-            return work(connection)
-
+    async def transaction(self, work: Callable[[Connection], T], *, events: int = 0) -> T:
+        # No LOCK here: the statement trigger on `events` takes the append lock at the
+        # INSERT, so that the round trips before it (stream heads, blobs, a condition)
+        # run without it and appenders of other processes overlap there.
         if self._connection is None:
             self._connection = await self.database.open_connection(self.database.writer_engine)
         return await self.database.run_write(
-            lambda connection: connection.run_sync(locked), connection=self._connection
+            lambda connection: connection.run_sync(work), connection=self._connection
         )
 
     async def reset(self) -> None:

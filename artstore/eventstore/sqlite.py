@@ -21,22 +21,27 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 from sqlalchemy import Table, event, select
-from sqlalchemy.engine import URL, Connection, Engine, create_engine
+from sqlalchemy.engine import URL, Connection, Dialect, Engine, create_engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
-from artstore.errors import ArtstoreError, NotFoundError
+from artstore.errors import NotFoundError
 from artstore.eventstore.blobs import serialize
 from artstore.eventstore.database import Database, Writer, translate_error
 from artstore.schema.tables import events
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
+# A write transaction of at most this many events runs on the event loop's thread when
+# the file's write lock is free at once: a hop to the writer thread and back costs more
+# than writing a few events. Bigger ones, and any that would wait, run in the thread.
+INLINE_MAX_EVENTS = 500
 T = TypeVar("T")
 
 
@@ -57,6 +62,7 @@ class SQLiteDatabase(Database):
         # transaction in one call instead of a thread hop per statement (aiosqlite).
         self.writer_engine = writer_engine
         self._query_engine: AsyncEngine | None = read_engine if read_only else None
+        self._event_binders: _EventBinders | None = None
 
     @classmethod
     def connect(cls, url: URL, *, read_only: bool = False) -> SQLiteDatabase:
@@ -144,16 +150,32 @@ class SQLiteDatabase(Database):
         return SQLiteWriter(self)
 
     def insert_events(self, connection: Connection, rows: list[dict[str, Any]]) -> list[int]:
-        # SQLAlchemy cannot batch an ordered RETURNING on SQLite (it sends one INSERT per
-        # row): insert in batched statements, unordered, and match positions by event id
-        # (unique in a successful insert). The one writer numbers rows in the order given;
-        # checked, since SQLite does not promise it.
-        statement = events.insert().returning(events.c.event_id, events.c.position)
-        by_id = dict(connection.execute(statement, rows).all())
-        positions = [by_id[row["event_id"]] for row in rows]
-        if positions != sorted(set(positions)):
-            raise ArtstoreError("SQLite numbered a batch of events out of order; nothing written")
-        return positions
+        # The writer holds the file's write lock (BEGIN IMMEDIATE), so it numbers the rows
+        # itself, after the highest stored position, in the order given: one plain
+        # executemany on the driver, without RETURNING (SQLAlchemy would send it row by
+        # row) and without compiling a statement per batch. Values go through the
+        # columns' own bind processors, so they are stored exactly as SQLAlchemy stores
+        # them. AUTOINCREMENT's counter follows explicit positions.
+        # Through SQLAlchemy (not the bare cursor), so that a driver error comes out as
+        # SQLAlchemy's, as the store expects.
+        first = connection.exec_driver_sql(_LAST_POSITION).scalar_one() + 1
+        if self._event_binders is None:
+            self._event_binders = _event_binders(connection.dialect)
+        convert = self._event_binders
+        values = [
+            (
+                first + offset,
+                row["event_id"],
+                row["stream_id"],
+                row["version"],
+                row["type"],
+                convert.data(row["data"]),
+                convert.recorded_at(row["recorded_at"]),
+            )
+            for offset, row in enumerate(rows)
+        ]
+        connection.exec_driver_sql(_INSERT_EVENTS, values)
+        return list(range(first, first + len(rows)))
 
     def insert_missing(self, connection: Connection, table: Table, key: str, rows: list[dict]):
         # Not ON CONFLICT DO NOTHING: the schema refuses any insert over a stored blob or
@@ -243,9 +265,38 @@ class SQLiteWriter(Writer):
         self.database = database
         self._connection: Connection | None = None
         self._thread: ThreadPoolExecutor | None = None
+        self._busy_timeout_s = SQLITE_BUSY_TIMEOUT_S  # as the connection is opened
 
-    async def transaction(self, work: Callable[[Connection], T]) -> T:
-        return await self._in_thread(lambda: self.database.run_write_sync(self._connect(), work))
+    async def transaction(self, work: Callable[[Connection], T], *, events: int = 0) -> T:
+        if 0 < events <= INLINE_MAX_EVENTS:
+            done, result = self._try_inline(work)
+            if done:
+                return result  # type: ignore[return-value]
+        return await self._in_thread(lambda: self._waiting(work))
+
+    def _try_inline(self, work: Callable[[Connection], T]) -> tuple[bool, T | None]:
+        """Run `work` here when the write lock is free now; (False, None) when it is not."""
+        connection = self._connect()
+        self._busy_timeout(connection, 0)  # never block the event loop on another process
+        try:
+            with connection.begin():
+                return True, work(connection)
+        except OperationalError as exc:
+            if is_busy(exc) and not connection.in_transaction():
+                return False, None  # another process writes: wait for it in the thread
+            raise translate_error(exc, self.database) from exc
+
+    def _waiting(self, work: Callable[[Connection], T]) -> T:
+        connection = self._connect()
+        self._busy_timeout(connection, SQLITE_BUSY_TIMEOUT_S)
+        return self.database.run_write_sync(connection, work)
+
+    def _busy_timeout(self, connection: Connection, seconds: float) -> None:
+        if self._busy_timeout_s != seconds:
+            # On the driver's connection: through SQLAlchemy it would begin a transaction.
+            raw = connection.connection.dbapi_connection
+            raw.execute(f"PRAGMA busy_timeout={int(seconds * 1000)}")  # type: ignore[union-attr]
+            self._busy_timeout_s = seconds
 
     async def refresh_statistics(self) -> None:
         # The planner needs statistics to plan the analysis views well (without them one
@@ -276,12 +327,40 @@ class SQLiteWriter(Writer):
         """The writer thread's connection (opened in that thread, on first use)."""
         if self._connection is None:
             self._connection = self.database.writer_engine.connect()
+            self._busy_timeout_s = SQLITE_BUSY_TIMEOUT_S
         return self._connection
 
     async def _in_thread(self, call: Callable[[], T]) -> T:
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="artstore-sqlite-writer")
         return await asyncio.get_running_loop().run_in_executor(self._thread, call)
+
+
+# The highest position ever handed out: AUTOINCREMENT's counter, or a stored event's.
+_LAST_POSITION = (
+    "SELECT max(coalesce((SELECT max(position) FROM events), 0), "
+    "coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0))"
+)
+_INSERT_EVENTS = (
+    "INSERT INTO events (position, event_id, stream_id, version, type, data, recorded_at) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+@dataclass(frozen=True)
+class _EventBinders:
+    data: Callable[[Any], Any]
+    recorded_at: Callable[[Any], Any]
+
+
+def _event_binders(dialect: Dialect) -> _EventBinders:
+    """The bind processors of the event columns that have one (JSON text, timestamps)."""
+
+    def binder(column: str) -> Callable[[Any], Any]:
+        processor = events.c[column].type._cached_bind_processor(dialect)
+        return processor or (lambda value: value)
+
+    return _EventBinders(binder("data"), binder("recorded_at"))
 
 
 def is_busy(exc: BaseException) -> bool:

@@ -11,8 +11,10 @@ one call by the database's `Writer` (artstore.eventstore.sqlite / .postgres).
 Global positions are commit-ordered on both databases, so a reader catching up with
 `read_all(after=...)` sees every committed event exactly once, in order (invariant 3):
 SQLite has one writer at a time; on PostgreSQL every appending transaction holds one
-advisory lock until it commits (taken by the writer, and by the position trigger of the
-schema).
+lock (on the table `append_lock`) from its INSERT into `events` until it commits, taken
+by a statement trigger of the schema. Everything that needs no order (stream heads, the
+expected-version check, a condition, blobs) is done before that INSERT, so that the lock
+is held for the INSERT, the projections and the commit only.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
 from artstore.errors import (
     AppendRefusedError,
@@ -56,6 +58,9 @@ MAX_EVENTS_PER_TRANSACTION = 5000
 # Planner statistics (where the database needs them refreshed by hand: SQLite) every so
 # many events, and when a store that wrote closes. PostgreSQL's autovacuum does this.
 STATISTICS_EVERY_EVENTS = 10_000
+# How often one append reads its stream's head again after other processes took the
+# version it was about to write (each time, another append to that stream committed).
+MAX_STREAM_RACES = 100
 
 
 @dataclass(frozen=True)
@@ -262,8 +267,9 @@ class EventStore:
                         raise  # the transaction is gone, not only this append
                     self._refused(item, exc)
 
+        num_events = sum(len(item.rows) for item in batch)
         try:
-            await self._transaction(fast)
+            await self._transaction(fast, num_events)
             self.transactions += 1
         except LockTimeoutError:
             raise  # waiting again would only wait as long again: every append gets the error
@@ -273,7 +279,7 @@ class EventStore:
                 self.transactions += 1
             except Exception:
                 await self._write_each_alone(batch)
-        self._events_since_statistics += sum(len(item.rows) for item in batch)
+        self._events_since_statistics += num_events
         if self._events_since_statistics >= STATISTICS_EVERY_EVENTS:
             await self._refresh_statistics()
         for item in batch:  # committed: remember what now exists
@@ -311,7 +317,7 @@ class EventStore:
         item.error = error
         self._heads.pop(item.stream_id, None)
 
-    async def _transaction(self, work: Callable[[Connection], None]) -> None:
+    async def _transaction(self, work: Callable[[Connection], None], events: int = 0) -> None:
         """Run `work` (synchronous SQL) as one write transaction, in one call.
 
         The writer keeps its connection for the store's life and replaces it after an
@@ -319,7 +325,7 @@ class EventStore:
         """
         assert self._write is not None  # a read-only store refuses appends before this
         try:
-            await self._write.transaction(work)
+            await self._write.transaction(work, events=events)
         except BaseException as exc:
             if not _about_the_append(exc):
                 await self._write.reset()
@@ -341,8 +347,10 @@ class EventStore:
             heads[item.stream_id] = head + len(item.rows)
             if item.condition is not None:
                 item.condition(connection)
-        positions = self.database.insert_events(connection, rows)
+        # Blobs first: on PostgreSQL the append lock is taken by the events' INSERT and
+        # held until commit, so whatever needs no order is written before it.
         self._insert_blobs(connection, batch)
+        positions = self.database.insert_events(connection, rows)
         start = 0
         for item in batch:
             mine = positions[start : start + len(item.rows)]
@@ -371,14 +379,27 @@ class EventStore:
                 f"{item.stream_id!r} are already stored (in stream {existing[0].stream_id!r}): "
                 "a retry must resend exactly the same events; nothing was written"
             )
+        # On PostgreSQL the head is read before the append lock (taken by the INSERT):
+        # another process may commit the stream's next version in between. Its commit is
+        # then visible, so read the head again and check the expected version against it.
+        for attempt in range(1, MAX_STREAM_RACES + 1):
+            try:
+                with connection.begin_nested():
+                    self._write_at_head(connection, item)
+                return
+            except IntegrityError as exc:
+                if attempt == MAX_STREAM_RACES or not _a_version_taken(exc):
+                    raise
+
+    def _write_at_head(self, connection: Connection, item: _Append) -> None:
         head = _stream_heads(connection, {item.stream_id}).get(item.stream_id, 0)
         if item.expected_version is not None and item.expected_version != head:
             raise WrongExpectedVersionError(item.stream_id, item.expected_version, head)
         if item.condition is not None:
             item.condition(connection)
         rows = [{**row, "version": head + n} for n, row in enumerate(item.rows, start=1)]
-        positions = self.database.insert_events(connection, rows)
         self._insert_blobs(connection, [item])
+        positions = self.database.insert_events(connection, rows)
         item.recorded = _recorded(rows, positions)
         item.result = AppendResult(item.stream_id, rows[-1]["version"], positions, True)
         if self._projector is not None:
@@ -392,7 +413,10 @@ class EventStore:
                     new[digest] = body
         if not new:
             return
-        rows = [{"hash": h, "body": b, "size": len(b)} for h, b in new.items()]
+        # In one order in every process: on PostgreSQL blobs are written before the append
+        # lock, and two transactions inserting the same two blobs in opposite orders would
+        # each wait for the other.
+        rows = [{"hash": h, "body": b, "size": len(b)} for h, b in sorted(new.items())]
         self.database.insert_missing(connection, blobs, "hash", rows)
 
     def _remember_head(self, stream_id: str, version: int) -> None:
@@ -518,6 +542,12 @@ def _about_the_append(exc: BaseException) -> bool:
             exc, (OperationalError, InterfaceError)
         )
     return isinstance(exc, Exception)
+
+
+def _a_version_taken(exc: IntegrityError) -> bool:
+    """Whether the unique (stream, version) key refused the insert (PostgreSQL, SQLite)."""
+    message = str(exc.orig)
+    return "uq_events_stream_id_version" in message or "events.stream_id, events.version" in message
 
 
 def _still_in_transaction(connection: Connection) -> bool:

@@ -779,8 +779,13 @@ def rollout_check(claim: RolloutClaim) -> Callable[[Connection, Any], None]:
 
     def check(connection: Connection, event: Any) -> None:
         if event.type == "rollout.started":
+            # Locked until commit: on PostgreSQL the events' INSERT may wait for the append
+            # lock after this check, and a claimer (SKIP LOCKED) must not take the slot
+            # before the start is recorded.
             held = connection.execute(
-                select(rollout_claims.c.slot).where(*_holding_slot(claim))
+                select(rollout_claims.c.slot)
+                .where(*_holding_slot(claim))
+                .with_for_update(read=True)
             ).first()
             if held is None:
                 raise _slot_lost(claim, "start")
