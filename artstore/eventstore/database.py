@@ -6,8 +6,8 @@ file:
 
 - `artstore.eventstore.sqlite`: one machine, a file; WAL, `BEGIN IMMEDIATE`, a writer
   thread with its own connection;
-- `artstore.eventstore.postgres`: many machines; an asyncpg pool, an advisory lock that
-  orders appends, session locks for trainers.
+- `artstore.eventstore.postgres`: many machines; an asyncpg pool, a table lock that
+  orders appends (from the INSERT into `events` to commit), session locks for trainers.
 
 `connect(url)` picks the module from the URL.
 """
