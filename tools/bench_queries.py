@@ -64,6 +64,34 @@ written), then `--repeat` rounds (7 by default), engines interleaved and their o
 rotated every round; the table shows the median of the rounds in milliseconds and the
 ratio to `artstore sqlite` and to `duckdb parquet` (x 3.0 = three times as long).
 
+Targets (issue 13), printed as PASS/MISS lines at the end: recording >= 5x the rate of
+the projections written one statement per event (`ONE_BY_ONE_EVENTS_PER_S`, measured for
+the issue on this machine: that code is gone, so it cannot run side by side); each
+question through `artstore.analysis.query` within 2x of DuckDB on the parquet; each
+database within 5x of the parquet files' size.
+
+Where the time went (profiled on 2,000 rollouts, 10,522 events, 2 busy CPUs):
+
+- recording, one statement per event: the projection took 6.0 s of 6.9 s on SQLite and
+  51 s of 54 s on PostgreSQL (under cProfile), ~27,000 statements for 10,522 events: an
+  INSERT per rollout and call, an UPDATE of the rollout per call, a SELECT of the run per
+  rollout, and per finished rollout two SELECTs (its calls' events, their blobs) before
+  its messages. Now `artstore/projections/bulk.py` writes one executemany per table per
+  batch and builds messages from the payloads at hand: the projection is ~2-3 s of it,
+  of which the messages are two thirds (LangChain's message parsing, 0.4 s, and
+  SQLAlchemy's per-row parameter processing: JSON columns, timestamps, TypeDecorators,
+  ~35 us a row, ~0.9 s); the rest is the append itself (events and blobs INSERTs, JSON
+  encoding of payloads), which this change leaves alone.
+- analysis: v_rollouts aggregated all of `llm_calls` per rollout and found the latest
+  reward with an anti-join over `rewards`, for every query; the reward curve took 89 ms
+  in sqlite3. With the call totals kept on `rollouts` and `latest_rewards` (0007) it
+  takes ~15 ms. What remains around the views: `artstore.analysis.query` opens a fresh
+  read-only connection, checks the text (sqlglot, ~1 ms) and on SQLite runs a progress
+  handler every 1,000 instructions (its timeout). Tokens per step still joins every call
+  to its rollout and counts distinct rollouts; DuckDB reads 10,000 rows of parquet.
+- size: the events' JSON payloads and the blobs (messages with logprobs) are most of the
+  database; the parquet holds no logprobs. Not changed here.
+
 Run it from the repository root:
 
     python tools/bench_queries.py                  # 10,000 rollouts, SQLite and PostgreSQL
