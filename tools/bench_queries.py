@@ -64,6 +64,34 @@ written), then `--repeat` rounds (7 by default), engines interleaved and their o
 rotated every round; the table shows the median of the rounds in milliseconds and the
 ratio to `artstore sqlite` and to `duckdb parquet` (x 3.0 = three times as long).
 
+Targets (issue 13), printed as PASS/MISS lines at the end: recording >= 5x the rate of
+the projections written one statement per event (`ONE_BY_ONE_EVENTS_PER_S`, measured for
+the issue on this machine: that code is gone, so it cannot run side by side); each
+question through `artstore.analysis.query` within 2x of DuckDB on the parquet; each
+database within 5x of the parquet files' size.
+
+Where the time went (profiled on 2,000 rollouts, 10,522 events, 2 busy CPUs):
+
+- recording, one statement per event: the projection took 6.0 s of 6.9 s on SQLite and
+  51 s of 54 s on PostgreSQL (under cProfile), ~27,000 statements for 10,522 events: an
+  INSERT per rollout and call, an UPDATE of the rollout per call, a SELECT of the run per
+  rollout, and per finished rollout two SELECTs (its calls' events, their blobs) before
+  its messages. Now `artstore/projections/bulk.py` writes one executemany per table per
+  batch and builds messages from the payloads at hand: the projection is ~2-3 s of it,
+  of which the messages are two thirds (LangChain's message parsing, 0.4 s, and
+  SQLAlchemy's per-row parameter processing: JSON columns, timestamps, TypeDecorators,
+  ~35 us a row, ~0.9 s); the rest is the append itself (events and blobs INSERTs, JSON
+  encoding of payloads), which this change leaves alone.
+- analysis: v_rollouts aggregated all of `llm_calls` per rollout and found the latest
+  reward with an anti-join over `rewards`, for every query; the reward curve took 89 ms
+  in sqlite3. With the call totals kept on `rollouts` and `latest_rewards` (0007) it
+  takes ~15 ms. What remains around the views: `artstore.analysis.query` opens a fresh
+  read-only connection, checks the text (sqlglot, ~1 ms) and on SQLite runs a progress
+  handler every 1,000 instructions (its timeout). Tokens per step still joins every call
+  to its rollout and counts distinct rollouts; DuckDB reads 10,000 rows of parquet.
+- size: the events' JSON payloads and the blobs (messages with logprobs) are most of the
+  database; the parquet holds no logprobs. Not changed here.
+
 Run it from the repository root:
 
     python tools/bench_queries.py                  # 10,000 rollouts, SQLite and PostgreSQL
@@ -143,6 +171,13 @@ CALLS_PER_ROLLOUT = 3
 ROLLOUTS_PER_STEP = GROUPS_PER_STEP * GROUP_SIZE
 BASE = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 REL_TOL = 1e-9
+
+# Recording this run (10,000 rollouts, queued in bulk) with the projections written one
+# statement per event, as measured for issue 13 on this machine: the rate to beat 5x.
+ONE_BY_ONE_EVENTS_PER_S = {"sqlite": 976, "postgresql": 577}
+RECORDING_TARGET = 5.0  # x the rate above
+ANALYSIS_TARGET = 2.0  # artstore's median / DuckDB's on ART's parquet, at most
+SIZE_TARGET = 5.0  # the database / ART's parquet files, at most
 
 SYSTEM = SystemMessage("You answer arithmetic questions. Use the tools.")
 TOOLS = [
@@ -782,6 +817,45 @@ def report(
     console.print(table)
 
 
+def verdict(passed: bool) -> str:
+    return "[green]PASS[/green]" if passed else "[red]MISS[/red]"
+
+
+def targets(
+    timings: dict[tuple[str, str], Timing],
+    recording: dict[str, float],
+    sizes: dict[str, int],
+    parquet: int,
+    rollouts: int,
+    console: Console,
+) -> None:
+    """One PASS/MISS line per target of issue 13."""
+    console.print("[bold]targets[/bold]")
+    for database, rate in recording.items():
+        reference = ONE_BY_ONE_EVENTS_PER_S[database]
+        note = "" if rollouts == 10_000 else " (that rate was measured at 10,000 rollouts)"
+        console.print(
+            f"  {verdict(rate >= RECORDING_TARGET * reference)} recording on {database}: "
+            f"{rate:,.0f} ev/s vs {reference:,} ev/s one statement per event = "
+            f"{rate / reference:.2f}x (needs {RECORDING_TARGET:.0f}x){note}"
+        )
+    for database in recording:
+        for question in QUESTIONS:
+            mine = timings[question.name, f"artstore {database}"].median
+            duck = timings[question.name, "duckdb parquet"].median
+            console.print(
+                f"  {verdict(mine <= ANALYSIS_TARGET * duck)} {question.name} on {database}: "
+                f"{ms(mine)} ms vs DuckDB {ms(duck)} ms = x {mine / duck:.2f} "
+                f"(needs x {ANALYSIS_TARGET:.0f} at most)"
+            )
+    for database, stored in sizes.items():
+        console.print(
+            f"  {verdict(stored <= SIZE_TARGET * parquet)} {database} size: {size(stored)} vs "
+            f"ART parquet {size(parquet)} = x {stored / parquet:.1f} "
+            f"(needs x {SIZE_TARGET:.0f} at most)"
+        )
+
+
 def load() -> str:
     one, five, _ = os.getloadavg()
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
@@ -848,6 +922,8 @@ async def main(argv: Sequence[str] | None = None) -> int:
             f"{len(plan.appends):,} appends, built in {time.perf_counter() - start:.1f} s"
         )
         sizes: list[tuple[str, int]] = []
+        recording: dict[str, float] = {}
+        database_sizes: dict[str, int] = {}
         by_database: dict[str, tuple[artstore.Store, Engine, str]] = {}
         for database in args.databases:
             conninfo = ""
@@ -861,6 +937,7 @@ async def main(argv: Sequence[str] | None = None) -> int:
             start = time.perf_counter()
             await record(store, plan)
             seconds = time.perf_counter() - start
+            recording[database] = plan.events / seconds
             console.print(
                 f"recorded on {database}: {seconds:.1f} s ({plan.events / seconds:,.0f} events/s, "
                 f"{store.transactions} transactions)"
@@ -889,16 +966,20 @@ async def main(argv: Sequence[str] | None = None) -> int:
         for database, (store, raw, conninfo) in by_database.items():
             engines += [ArtstoreEngine(f"artstore {database}", store), raw]
             if database == "sqlite":
-                sizes.append(("SQLite file (after checkpoint)", sqlite_bytes(place.sqlite_file)))
+                database_sizes[database] = sqlite_bytes(place.sqlite_file)
+                sizes.append(("SQLite file (after checkpoint)", database_sizes[database]))
             else:
-                sizes.append(("PostgreSQL database", postgres_bytes(conninfo)))
-        sizes.append(("ART parquet files", sum(p.stat().st_size for p in parquet_files(place))))
+                database_sizes[database] = postgres_bytes(conninfo)
+                sizes.append(("PostgreSQL database", database_sizes[database]))
+        parquet = sum(p.stat().st_size for p in parquet_files(place))
+        sizes.append(("ART parquet files", parquet))
         engines += [DuckdbEngine(place), PolarsEngine(place)]
         console.print("sizes: " + ", ".join(f"{what} {size(n)}" for what, n in sizes))
 
         console.print(f"checking results, then {args.repeat} rounds ({load()})")
         timings = await measure(engines, args.repeat, console)
         report(timings, engines, args.repeat, console)
+        targets(timings, recording, database_sizes, parquet, plan.rollouts, console)
         console.print(f"after: {load()}")
         if args.keep:
             console.print(

@@ -306,7 +306,6 @@ class StoredCalls:
         by_rollout: dict[str, list[dict[str, Any]]] = {
             rollout_id: [] for rollout_id in streams.values()
         }
-        superseded: set[str] = set()
         stream_ids = list(streams)
         for start in range(0, len(stream_ids), 500):
             query = (
@@ -318,28 +317,41 @@ class StoredCalls:
                 .order_by(events.c.stream_id, events.c.version)
             )
             for row in connection.execute(query):
-                data = _as_dict(row.data)
-                if data.get("supersedes"):
-                    superseded.add(data["supersedes"])
-                if data.get("output"):  # failed calls: ART never sees them
-                    by_rollout[streams[row.stream_id]].append(data)
+                by_rollout[streams[row.stream_id]].append(_as_dict(row.data))
+        return cls.of_payloads(connection, by_rollout)
+
+    @classmethod
+    def of_payloads(
+        cls, connection: Connection, by_rollout: dict[str, list[dict[str, Any]]]
+    ) -> StoredCalls:
+        """From each rollout's `llm.call` payloads in stream order (all of them, already
+        at hand: the projection of a batch that started the rollouts); reads the blobs."""
+        superseded = {
+            data["supersedes"]
+            for calls in by_rollout.values()
+            for data in calls
+            if data.get("supersedes")
+        }
+        kept_by_rollout: dict[str, list[dict[str, Any]]] = {}
         for rollout_id, calls in by_rollout.items():
             kept = []
             for data in calls:
+                if not data.get("output"):  # failed calls: ART never sees them
+                    continue
                 if data["call_id"] in superseded:
                     if not data.get("art_exchange"):
                         continue
                     data = {**data, "superseded": True}
                 kept.append(data)
-            by_rollout[rollout_id] = sorted(kept, key=lambda data: data["index"])
+            kept_by_rollout[rollout_id] = sorted(kept, key=lambda data: data["index"])
         hashes = {
             h
-            for calls in by_rollout.values()
+            for calls in kept_by_rollout.values()
             for data in calls
             for h in [*data["input"], data["output"], data.get("tools"), data.get("request")]
             if h
         }
-        return cls(by_rollout, _blob_bodies(connection, hashes))
+        return cls(kept_by_rollout, _blob_bodies(connection, hashes))
 
     def rollout(self, rollout_id: str) -> RolloutCalls:
         """One rollout's calls, parsed: LangChain messages, HTTP documents."""

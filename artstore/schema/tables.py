@@ -6,7 +6,7 @@ Two kinds of table:
   truth; triggers refuse every statement that would change or remove a row of them
   (UPDATE, DELETE, TRUNCATE, and on SQLite the REPLACE that deletes before inserting);
 - projections (read models) built from the events inside the same transaction that
-  appends them: runs, rollouts, llm_calls, rewards, groups, group_consumptions,
+  appends them: runs, rollouts, llm_calls, rewards, latest_rewards, groups, group_consumptions,
   train_steps, trajectory_messages. They can be rebuilt from the events at any time;
 - coordination of rollout workers on PostgreSQL (worker_runs, rollout_claims,
   group_claims): who may do which piece of a run's work now. Not projections and not
@@ -166,6 +166,14 @@ rollouts = Table(
     Column("error_type", NAME),
     Column("error_message", ProjectedLongText),
     Column("num_llm_calls", Integer, nullable=False, default=0),
+    # Totals of the rollout's LLM calls (sums as SQL's SUM gives them: NULL until a call
+    # reports the value), kept up to date with each call so that v_rollouts need not
+    # aggregate llm_calls for every query.
+    Column("prompt_tokens", BigInteger),
+    Column("completion_tokens", BigInteger),
+    Column("total_tokens", BigInteger),
+    Column("num_tool_calls", Integer, nullable=False, server_default="0"),
+    Column("llm_latency_s", Float),
     Column("started_at", Timestamp, nullable=False),
     Column("finished_at", Timestamp),
     Column("duration_s", Float),
@@ -234,6 +242,19 @@ rewards = Table(
     sqlite_autoincrement=True,
 )
 
+# The latest reward per rollout and scorer (the last `rewards` row of the pair, by event
+# position): what v_rollouts, v_groups and v_train_steps read, one primary-key lookup per
+# rollout instead of an anti-join over every reward ever recorded.
+latest_rewards = Table(
+    "latest_rewards",
+    metadata,
+    Column("rollout_id", ID, primary_key=True),
+    Column("scorer", NAME, primary_key=True),
+    Column("group_id", ID, nullable=False),
+    Column("reward", Float, nullable=False),
+    Column("position", Position, nullable=False),  # of the rewards.recorded event
+)
+
 train_steps = Table(
     "train_steps",
     metadata,
@@ -293,6 +314,7 @@ PROJECTION_TABLES = (
     llm_calls,
     groups,
     rewards,
+    latest_rewards,
     train_steps,
     group_consumptions,
     trajectory_messages,

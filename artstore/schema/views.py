@@ -1,5 +1,6 @@
 """The SQL views for analysis, declared once; migration 0002 created them, 0003 recreated
-them over PostgreSQL's `json` columns.
+them over PostgreSQL's `json` columns, 0007 over the projections shaped for them (call
+totals on `rollouts`, `latest_rewards`).
 
 Each view is a SQLAlchemy Core `select()` over the projection tables, compiled for the
 database at hand. Everything a view shows is the same on SQLite and on PostgreSQL: the
@@ -374,22 +375,22 @@ def _is_policy(role: ColumnElement) -> ColumnElement[bool]:
 
 
 def _latest(rewards) -> ColumnElement[bool]:
-    """This reward row is the last one recorded for its rollout and scorer."""
-    newer = t.rewards.alias("newer")
-    return ~exists().where(
-        newer.c.rollout_id == rewards.c.rollout_id,
-        newer.c.scorer == rewards.c.scorer,
-        newer.c.id > rewards.c.id,
+    """This reward row is the last one recorded for its rollout and scorer (the one
+    `latest_rewards` holds: rewards are projected in the order of their events)."""
+    latest = t.latest_rewards
+    return exists().where(
+        latest.c.rollout_id == rewards.c.rollout_id,
+        latest.c.scorer == rewards.c.scorer,
+        latest.c.position == rewards.c.position,
     )
 
 
 def _latest_rewards(name: str):
     """Latest rewards with the role of their rollout, as a subquery named `name`."""
-    r, ro = t.rewards.alias(f"{name}_r"), t.rollouts.alias(f"{name}_ro")
+    r, ro = t.latest_rewards.alias(f"{name}_r"), t.rollouts.alias(f"{name}_ro")
     return (
         select(r.c.rollout_id, r.c.group_id, r.c.scorer, r.c.reward, ro.c.role)
         .select_from(r.outerjoin(ro, ro.c.rollout_id == r.c.rollout_id))
-        .where(_latest(r))
         .subquery(name)
     )
 
@@ -461,22 +462,9 @@ def _v_runs() -> Select:
 
 
 def _v_rollouts() -> Select:
-    ro, ru, c, r = t.rollouts, t.runs, t.llm_calls, t.rewards
-    calls = (
-        select(
-            c.c.rollout_id,
-            func.sum(c.c.prompt_tokens).label("prompt_tokens"),
-            func.sum(c.c.completion_tokens).label("completion_tokens"),
-            func.sum(c.c.total_tokens).label("total_tokens"),
-            func.sum(json_array_length(c.c.tool_calls)).label("num_tool_calls"),
-            func.sum(c.c.latency_s).label("llm_latency_s"),
-        )
-        .group_by(c.c.rollout_id)
-        .subquery("call_totals")
-    )
-    # The latest reward by the run's scorer, joined once (a correlated subquery would run
-    # again for every use of the column in a query).
-    latest = select(r.c.rollout_id, r.c.scorer, r.c.reward).where(_latest(r)).subquery("latest")
+    # The call totals are kept on the rollout's row and the latest rewards in a table of
+    # their own (artstore/projections/bulk.py): no aggregate over llm_calls or rewards.
+    ro, ru, latest = t.rollouts, t.runs, t.latest_rewards
     return select(
         ro.c.rollout_id,
         ro.c.run,
@@ -489,11 +477,11 @@ def _v_rollouts() -> Select:
         ro.c.error_type,
         ro.c.error_message,
         ro.c.num_llm_calls,
-        calls.c.prompt_tokens,
-        calls.c.completion_tokens,
-        calls.c.total_tokens,
-        func.coalesce(calls.c.num_tool_calls, 0).label("num_tool_calls"),
-        calls.c.llm_latency_s,
+        ro.c.prompt_tokens,
+        ro.c.completion_tokens,
+        ro.c.total_tokens,
+        ro.c.num_tool_calls,
+        ro.c.llm_latency_s,
         ru.c.scorer,
         latest.c.reward,
         utc_text(ro.c.started_at).label("started_at"),
@@ -503,9 +491,7 @@ def _v_rollouts() -> Select:
         json_or_null(ro.c.scenario).label("scenario"),
         json_or_null(ro.c.result).label("result"),
     ).select_from(
-        ro.outerjoin(ru, ru.c.run == ro.c.run)
-        .outerjoin(calls, calls.c.rollout_id == ro.c.rollout_id)
-        .outerjoin(
+        ro.outerjoin(ru, ru.c.run == ro.c.run).outerjoin(
             latest, (latest.c.rollout_id == ro.c.rollout_id) & (latest.c.scorer == ru.c.scorer)
         )
     )

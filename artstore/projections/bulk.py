@@ -1,0 +1,475 @@
+"""The projection of the events a run records by the thousand, in a few statements per batch.
+
+Most of a run's events are `rollout.started`, `llm.call`, `rollout.finished`,
+`rewards.recorded` and `group.sealed`. Projected one statement per event (an INSERT per
+call, an UPDATE of its rollout's counters, a query for each rollout's messages), the
+round trips, not the data, were where recording spent its time: 90% of a bulk append on
+SQLite and nearly all of it on PostgreSQL (tools/bench_queries.py's docstring has the
+profile). `BulkProjection` keeps the rows these events make in memory and writes them
+with one executemany per table when `flush()` is called: before any other event is
+projected (its handler may read what these wrote) and at the end of the transaction.
+
+What ends in the tables is what projecting the events one by one in order wrote:
+
+- a rollout started in the batch is inserted with its calls' counters and totals, its
+  end and its group already applied; one started earlier gets them as UPDATEs;
+- a call that supersedes another deletes it at once (from the buffer or the table) and
+  its rollout's totals are summed again from `llm_calls` after the flush;
+- a group that names members started earlier fills their missing group and run at once,
+  as `_group_sealed` did;
+- trajectory messages of the rollouts that finished are built after the calls are
+  written, from the event log as before (which holds the whole batch already).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection
+
+from artstore.events import (
+    GroupSealed,
+    LLMCall,
+    RewardsRecorded,
+    RolloutFinished,
+    RolloutStarted,
+    TrajectoryRecorded,
+)
+from artstore.eventstore.store import RecordedEvent, recorded_from_row
+from artstore.projections.imported import imported_message_rows, load_bodies
+from artstore.projections.recorded import recorded_blob_hashes
+from artstore.projections.trajectories import StoredCalls, message_rows
+from artstore.schema import tables as t
+
+BULK_TYPES = frozenset(
+    e.type for e in (RolloutStarted, LLMCall, RolloutFinished, RewardsRecorded, GroupSealed)
+)
+
+# PostgreSQL's json functions cannot read a text holding NUL (\u0000): `tool_calls` ->>
+# 'name' would fail for the whole view. The JSON the views take apart (tool calls, train
+# metrics) is projected with NUL as U+FFFD, as text columns are (`ProjectedText`); the
+# events keep it, and so do the JSON columns the views only pass through.
+
+
+def without_nul(value: Any) -> Any:
+    """`value` (JSON) with NUL replaced in every string, keys included."""
+    if isinstance(value, str):
+        return value.replace("\x00", t.REPLACEMENT_CHARACTER) if "\x00" in value else value
+    if isinstance(value, list):
+        return [without_nul(item) for item in value]
+    if isinstance(value, dict):
+        return {without_nul(key): without_nul(item) for key, item in value.items()}
+    return value
+
+
+def nul_free_tool_calls(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**row, "tool_calls": without_nul(row.get("tool_calls"))} for row in rows]
+
+
+def implicit_run(c: Connection, run: str | None, model: str | None, at: Any) -> None:
+    """A run exists as soon as anything is recorded under its name.
+
+    Rollouts, groups and train steps recorded under a run nobody started (a loop of its
+    own, `wrap_rollout(..., run=...)`) make a row with what they say: the model
+    ("project/name" for a train step, the model's name for a rollout), status `recorded`,
+    the default scorer `reward`, and no configuration. `run.started` completes it.
+    """
+    if run is None or c.execute(select(t.runs.c.run).where(t.runs.c.run == run)).first():
+        return
+    project, _, name = (model or "").rpartition("/")
+    c.execute(
+        t.runs.insert().values(
+            run=run,
+            project=project,
+            model=name or run,
+            scorer="reward",
+            status="recorded",
+            config={},
+            num_scenarios=0,
+            started_at=at,
+        )
+    )
+
+
+def _add(total: Any, value: Any) -> Any:
+    """SQL's SUM, one value at a time: NULLs are skipped, NULL until a value comes."""
+    if value is None:
+        return total
+    return value if total is None else total + value
+
+
+@dataclass
+class CallTotals:
+    """What a rollout's calls add to its row."""
+
+    num_llm_calls: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    num_tool_calls: int = 0
+    llm_latency_s: float | None = None
+
+    def add(self, row: dict[str, Any], counted: bool) -> None:
+        self.num_llm_calls += counted
+        self.prompt_tokens = _add(self.prompt_tokens, row["prompt_tokens"])
+        self.completion_tokens = _add(self.completion_tokens, row["completion_tokens"])
+        self.total_tokens = _add(self.total_tokens, row["total_tokens"])
+        self.num_tool_calls += len(row["tool_calls"] or ())
+        self.llm_latency_s = _add(self.llm_latency_s, row["latency_s"])
+
+
+TOTALS = ("prompt_tokens", "completion_tokens", "total_tokens", "llm_latency_s")
+
+ro = t.rollouts
+_ADD_TOTALS = (
+    update(ro)
+    .where(ro.c.rollout_id == bindparam("b_rollout_id"))
+    .values(
+        num_llm_calls=ro.c.num_llm_calls + bindparam("b_num_llm_calls"),
+        num_tool_calls=ro.c.num_tool_calls + bindparam("b_num_tool_calls"),
+        **{
+            name: func.coalesce(
+                ro.c[name] + bindparam(f"b_{name}", type_=ro.c[name].type),
+                ro.c[name],
+                bindparam(f"b_{name}", type_=ro.c[name].type),
+            )
+            for name in TOTALS
+        },
+    )
+)
+_FINISH = (
+    update(ro)
+    .where(ro.c.rollout_id == bindparam("b_rollout_id"))
+    .values(
+        status="finished",
+        result=bindparam("b_result", type_=t.Json),
+        finished_at=bindparam("b_finished_at", type_=ro.c.finished_at.type),
+        duration_s=bindparam("b_duration_s", type_=ro.c.duration_s.type),
+    )
+)
+
+
+def _summed_again(connection: Connection, rollout_ids: list[str]) -> None:
+    """Totals of these rollouts summed from their rows in `llm_calls` (after a supersede)."""
+    c = t.llm_calls
+    for rollout_id in rollout_ids:
+        mine = c.c.rollout_id == rollout_id
+        sums = {
+            name: select(func.sum(c.c[name.removeprefix("llm_")])).where(mine).scalar_subquery()
+            for name in TOTALS
+        }
+        tool_calls = sum(
+            len(calls or ())
+            for calls in connection.execute(select(c.c.tool_calls).where(mine)).scalars()
+        )
+        connection.execute(
+            update(ro)
+            .where(ro.c.rollout_id == rollout_id)
+            .values(**sums, num_tool_calls=tool_calls)
+        )
+
+
+@dataclass
+class BulkProjection:
+    connection: Connection
+    # The `llm.call` payloads of the rollouts started in this batch, when the batch is
+    # all the event log holds of them (an append's transaction; not a page of a rebuild):
+    # their messages are built from these instead of reading the payloads back.
+    calls_at_hand: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    known_runs: set[str] = field(default_factory=set)
+    new_rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: dict[str, dict[str, Any]] = field(default_factory=dict)  # by call_id
+    totals: dict[str, CallTotals] = field(default_factory=dict)  # of rollouts in the table
+    finishes: list[dict[str, Any]] = field(default_factory=list)  # of rollouts in the table
+    finished: list[str] = field(default_factory=list)  # whose messages are projected
+    summed_again: list[str] = field(default_factory=list)
+    groups: list[dict[str, Any]] = field(default_factory=list)
+    rewards: list[dict[str, Any]] = field(default_factory=list)
+    latest: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def for_batch(cls, connection: Connection, batch: list[RecordedEvent]) -> BulkProjection:
+        """For the events of an append's transaction (all the log holds of its rollouts
+        started in it)."""
+        started = {
+            f"rollout-{e.data['rollout_id']}": e.data["rollout_id"]
+            for e in batch
+            if e.type == RolloutStarted.type
+        }
+        calls: dict[str, list[dict[str, Any]]] = {rollout_id: [] for rollout_id in started.values()}
+        for e in batch:
+            if e.type == LLMCall.type and e.stream_id in started:
+                calls[started[e.stream_id]].append(e.data)
+        return cls(connection, calls)
+
+    def add(self, event: Any, recorded: RecordedEvent) -> None:
+        if isinstance(event, RolloutStarted):
+            self._rollout_started(event, recorded)
+        elif isinstance(event, LLMCall):
+            self._llm_call(event, recorded)
+        elif isinstance(event, RolloutFinished):
+            self._rollout_finished(event, recorded)
+        elif isinstance(event, RewardsRecorded):
+            self._rewards_recorded(event, recorded)
+        elif isinstance(event, GroupSealed):
+            self._group_sealed(event, recorded)
+        else:  # pragma: no cover - BULK_TYPES and this dispatch are written together
+            raise TypeError(f"not projected in bulk: {event.type}")
+
+    def _ensure_run(self, run: str | None, model: str | None, at: Any) -> None:
+        if run is not None and run not in self.known_runs:
+            implicit_run(self.connection, run, model, at)
+            self.known_runs.add(run)
+
+    def _rollout_started(self, e: RolloutStarted, r: RecordedEvent) -> None:
+        if e.role == "policy":
+            self._ensure_run(e.run, e.model, r.recorded_at)
+        if e.rollout_id in self.new_rollouts:  # the primary key refuses it, as before
+            self.flush()
+        self.new_rollouts[e.rollout_id] = {
+            "rollout_id": e.rollout_id,
+            "run": e.run,
+            "group_id": e.group_id,
+            "scenario_index": e.scenario_index,
+            "scenario": e.scenario,
+            "model": e.model,
+            "role": e.role,
+            "policy_step": e.policy_step,
+            "status": "running",
+            "result": None,
+            "error_type": None,
+            "error_message": None,
+            "started_at": e.started_at,
+            "finished_at": None,
+            "duration_s": None,
+            "imported": False,
+            "totals": CallTotals(),
+        }
+
+    def _llm_call(self, e: LLMCall, r: RecordedEvent) -> None:
+        rollout_id = r.stream_id.removeprefix("rollout-")
+        prompt, completion = e.prompt_tokens, e.completion_tokens
+        if e.call_id in self.calls:  # the primary key refuses it, as before
+            self.flush()
+        row = {
+            "call_id": e.call_id,
+            "rollout_id": rollout_id,
+            "call_index": e.index,
+            "model": e.model,
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": None if prompt is None or completion is None else prompt + completion,
+            "latency_s": e.latency_s,
+            "finish_reason": e.finish_reason,
+            "num_input_messages": len(e.input),
+            "tool_calls": without_nul(
+                [{"name": tc["name"], "args": tc.get("args")} for tc in e.tool_calls]
+            )
+            or None,
+            "has_logprobs": e.num_logprobs > 0,
+            "error_type": e.error_type,
+            "error_message": e.error_message,
+            "started_at": e.started_at,
+            "position": r.position,
+            "source": e.source,
+            "endpoint": e.endpoint,
+            "streamed": e.stream,
+            "art_exchange": e.art_exchange,
+        }
+        if e.supersedes is not None:  # the same call, recorded again: one row per real call
+            if self.calls.pop(e.supersedes, None) is None:
+                self.connection.execute(
+                    delete(t.llm_calls).where(t.llm_calls.c.call_id == e.supersedes)
+                )
+            self.summed_again.append(rollout_id)
+        self.calls[e.call_id] = row
+        started = self.new_rollouts.get(rollout_id)
+        if started is not None:
+            started["totals"].add(row, counted=e.supersedes is None)
+        else:
+            self.totals.setdefault(rollout_id, CallTotals()).add(row, e.supersedes is None)
+
+    def _rollout_finished(self, e: RolloutFinished, r: RecordedEvent) -> None:
+        end = {
+            "result": e.result,
+            "finished_at": r.recorded_at,
+            "duration_s": e.duration_s,
+        }
+        started = self.new_rollouts.get(e.rollout_id)
+        if started is not None:
+            started.update(status="finished", **end)
+        else:
+            self.finishes.append({f"b_{key}": value for key, value in end.items()})
+            self.finishes[-1]["b_rollout_id"] = e.rollout_id
+        self.finished.append(e.rollout_id)
+
+    def _rewards_recorded(self, e: RewardsRecorded, r: RecordedEvent) -> None:
+        for rollout_id, reward in e.rewards.items():
+            self.rewards.append(
+                {
+                    "rollout_id": rollout_id,
+                    "group_id": e.group_id,
+                    "scorer": e.scorer,
+                    "reward": reward,
+                    "metrics": e.metrics.get(rollout_id),
+                    "rescored": e.rescored,
+                    "recorded_at": r.recorded_at,
+                    "position": r.position,
+                }
+            )
+            self.latest[rollout_id, e.scorer] = {
+                "rollout_id": rollout_id,
+                "scorer": e.scorer,
+                "group_id": e.group_id,
+                "reward": reward,
+                "position": r.position,
+            }
+
+    def _group_sealed(self, e: GroupSealed, r: RecordedEvent) -> None:
+        members = [*e.rollout_ids, *e.validation_rollout_ids, *e.failed_rollout_ids]
+        if e.run is not None and e.run not in self.known_runs:
+            first = self.new_rollouts.get(members[0]) if members else None
+            model = (
+                first["model"]
+                if first is not None
+                else self.connection.execute(
+                    select(ro.c.model).where(ro.c.rollout_id.in_(members[:1]))
+                ).scalar()
+            )
+            self._ensure_run(e.run, model, r.recorded_at)
+        # Rollouts recorded outside any group (`wrap_rollout`) belong to the group that
+        # sealed them, and to its run.
+        in_table = []
+        for rollout_id in members:
+            started = self.new_rollouts.get(rollout_id)
+            if started is None:
+                in_table.append(rollout_id)
+                continue
+            for column, value in (("group_id", e.group_id), ("run", e.run)):
+                if value is not None and started[column] is None:
+                    started[column] = value
+        for column, value in (("group_id", e.group_id), ("run", e.run)):
+            if value is not None and in_table:
+                self.connection.execute(
+                    update(ro)
+                    .where(ro.c.rollout_id.in_(in_table), ro.c[column].is_(None))
+                    .values({column: value})
+                )
+        self.groups.append(
+            {
+                "group_id": e.group_id,
+                "run": e.run,
+                "epoch": e.epoch,
+                "batch": e.batch,
+                "scenario_index": e.scenario_index,
+                "size": len(e.rollout_ids),
+                "num_validation": len(e.validation_rollout_ids),
+                "num_failed": len(e.failed_rollout_ids),
+                "sealed_at": r.recorded_at,
+                "position": r.position,
+            }
+        )
+
+    # --- writing ------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write what the events added so far made, in the order their handlers wrote it."""
+        c = self.connection
+        if self.new_rollouts:
+            rows = []
+            for row in self.new_rollouts.values():
+                totals: CallTotals = row["totals"]
+                rows.append(
+                    {key: value for key, value in row.items() if key != "totals"} | vars(totals)
+                )
+            c.execute(t.rollouts.insert(), rows)
+        if self.calls:
+            c.execute(t.llm_calls.insert(), list(self.calls.values()))
+        if self.totals:
+            c.execute(
+                _ADD_TOTALS,
+                [
+                    {"b_rollout_id": rollout_id, **{f"b_{k}": v for k, v in vars(s).items()}}
+                    for rollout_id, s in self.totals.items()
+                ],
+            )
+        if self.summed_again:
+            _summed_again(c, list(dict.fromkeys(self.summed_again)))
+        if self.finishes:
+            c.execute(_FINISH, self.finishes)
+        if self.groups:
+            c.execute(t.groups.insert(), self.groups)
+        if self.rewards:
+            c.execute(t.rewards.insert(), self.rewards)
+        if self.latest:
+            self._upsert_latest(list(self.latest.values()))
+        if self.finished:
+            self._project_messages(self.finished)
+        self._clear()
+
+    def _clear(self) -> None:
+        self.new_rollouts, self.calls, self.totals = {}, {}, {}
+        self.finishes, self.finished, self.summed_again = [], [], []
+        self.groups, self.rewards, self.latest = [], [], {}
+
+    def _upsert_latest(self, rows: list[dict[str, Any]]) -> None:
+        c = self.connection
+        insert = postgresql_insert if c.dialect.name == "postgresql" else sqlite_insert
+        statement = insert(t.latest_rewards)
+        excluded = statement.excluded
+        c.execute(
+            statement.on_conflict_do_update(
+                index_elements=["rollout_id", "scorer"],
+                set_={
+                    "group_id": excluded.group_id,
+                    "reward": excluded.reward,
+                    "position": excluded.position,
+                },
+            ),
+            rows,
+        )
+
+    def _project_messages(self, rollout_ids: list[str]) -> None:
+        """Rows of `trajectory_messages` for these finished rollouts: the loop's own
+        trajectory when it recorded one, else the one rebuilt from the rollout's calls."""
+        c = self.connection
+        recorded = _recorded_trajectories(c, rollout_ids)
+        bodies = load_bodies(c, recorded_blob_hashes(list(recorded.values()))) if recorded else {}
+        rebuilt = [rollout_id for rollout_id in rollout_ids if rollout_id not in recorded]
+        at_hand = {r: self.calls_at_hand[r] for r in rebuilt if r in self.calls_at_hand}
+        read = [rollout_id for rollout_id in rebuilt if rollout_id not in at_hand]
+        stored = StoredCalls.of_payloads(c, at_hand)
+        if read:
+            from_log = StoredCalls.load(c, dict.fromkeys(read))
+            stored.by_rollout |= from_log.by_rollout
+            stored.bodies |= from_log.bodies
+        rows: list[dict[str, Any]] = []
+        for rollout_id in rollout_ids:
+            if rollout_id in recorded:
+                rows += imported_message_rows(recorded[rollout_id], bodies)
+            else:
+                rows += message_rows(rollout_id, stored.rollout(rollout_id).conversations())
+        if rows:
+            c.execute(t.trajectory_messages.insert(), nul_free_tool_calls(rows))
+
+
+def _recorded_trajectories(c: Connection, rollout_ids: list[str]) -> dict[str, Any]:
+    """The latest `trajectory.recorded` event of each of these rollouts that has one."""
+    found: dict[str, Any] = {}
+    streams = [f"rollout-{rollout_id}" for rollout_id in dict.fromkeys(rollout_ids)]
+    for start in range(0, len(streams), 500):
+        rows = c.execute(
+            select(t.events)
+            .where(
+                t.events.c.stream_id.in_(streams[start : start + 500]),
+                t.events.c.type == TrajectoryRecorded.type,
+            )
+            .order_by(t.events.c.stream_id, t.events.c.version)
+        ).all()
+        for row in rows:
+            found[row.stream_id.removeprefix("rollout-")] = recorded_from_row(row).decode()
+    return found
