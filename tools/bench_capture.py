@@ -33,6 +33,17 @@ It also checks that nothing training needs was lost: every trajectory artstore r
 equals, field by field (Choice objects with their logprobs, tools, additional
 histories), the one ART rebuilds from its pickles.
 
+Where the rebuild's time goes (cProfile of `store.trajectories` for the 64 rollouts on
+SQLite, 2 busy CPUs): ~57% in pydantic validating the `Choice` objects that ART's own
+`convert_langgraph_messages` builds (each output's 200 logprobs with their top
+logprobs: ~1,800 `validate_python` calls), ~33% parsing the blobs' JSON
+(`pydantic_core.from_json`, ~900 blobs, each parsed once), the reading itself (events,
+blobs) ~3%. FileLogger pays the same validation on top of unpickling and comparing
+messages deeply; 5x it would need the `Choice`s built without ART's path (e.g. validated
+straight from the stored JSON), which must keep every trajectory equal on both ARTs:
+not done. Measured 2026-12-01: SQLite 1,990 ms, PostgreSQL 1,861 ms, FileLogger
+4,584 ms (2.3x, 2.5x; target 5x: MISS).
+
 Run it from the repository root:
 
     python tools/bench_capture.py                      # SQLite and PostgreSQL
