@@ -9,6 +9,7 @@ import asyncio
 import csv
 import io
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from artstore.analysis import query
 from artstore.analysis.sql import read_only_statement, run_read_only
 from artstore.cli import app
 from artstore.errors import QueryError, QueryRefusedError
+from artstore.events import LLMCall
 
 QUERIES = Path(__file__).parents[1] / "tools" / "queries"
 approx = pytest.approx
@@ -387,6 +389,33 @@ def test_every_query_in_tools_has_expected_values():
 async def test_tools_query(recorded, name):
     result = await query(recorded, (QUERIES / name).read_text())
     assert result.rows == EXPECTED[name]
+
+
+# What tokens_per_step.sql computes from the rollouts' call totals, over every call.
+TOKENS_OVER_CALLS = """
+SELECT COALESCE(run, '(no run)') AS run, policy_step, COUNT(*), COUNT(DISTINCT rollout_id),
+    SUM(prompt_tokens), SUM(completion_tokens), SUM(total_tokens),
+    CAST(SUM(total_tokens) AS DOUBLE PRECISION) / COUNT(DISTINCT rollout_id), AVG(latency_s)
+FROM v_llm_calls WHERE role = 'policy' AND policy_step IS NOT NULL
+GROUP BY COALESCE(run, '(no run)'), policy_step ORDER BY run, policy_step
+"""
+
+
+async def test_tokens_per_step_equals_the_calls_with_a_call_without_latency(recorded):
+    untimed = LLMCall(
+        call_id="c2a-untimed",
+        index=7,
+        input=[],
+        prompt_tokens=40,
+        completion_tokens=2,
+        started_at=datetime(2026, 3, 1, 13, tzinfo=UTC),
+    )
+    await recorded.append("rollout-r2a", [untimed])
+    over_calls = (await query(recorded, TOKENS_OVER_CALLS)).rows
+    from_totals = (await query(recorded, (QUERIES / "tokens_per_step.sql").read_text())).rows
+    assert from_totals == [tuple(approx(v) for v in row) for row in over_calls]
+    # step 1 now has three calls, one of them without latency: the mean is of the two timed
+    assert from_totals[1] == (RUN, 1, 3, 2, 200, 22, 222, 111.0, 0.5)
 
 
 def test_tools_query_through_the_command_line(recorded_url):

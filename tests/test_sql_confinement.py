@@ -322,3 +322,21 @@ async def test_a_store_migrated_by_a_plain_user_works_and_sql_says_what_it_needs
     async with await artstore.open_store(plain_user_url, read_only=True) as store:
         with pytest.raises(QueryError, match="artstore_reader"):
             await query(store, "SELECT count(*) FROM v_runs")
+
+
+async def test_a_kept_query_connection_keeps_its_guards(recorded):
+    """Query connections are kept between queries: what one query did or took does not
+    outlive it, and the next query on that connection is as confined as the first."""
+    if recorded.dialect == "postgresql":
+        from artstore.eventstore.postgres import lock_key
+
+        # A session-level advisory lock survives its transaction; the session's reset
+        # releases it before the connection serves the next query.
+        await run_read_only(recorded.database, f"SELECT pg_advisory_lock({lock_key('kept')})")
+        assert await recorded.database.lock_held("kept") is False
+    for _ in range(3):  # the same few connections, again and again
+        await refused_by_the_database(recorded, "SELECT count(*) FROM events")
+        with pytest.raises(QueryError, match="time limit"):
+            await query(recorded, FOREVER, timeout=0.5)
+        assert (await query(recorded, "SELECT count(*) FROM v_runs")).rows == [(1,)]
+        assert (await query(recorded, "SELECT count(*) FROM v_runs", timeout=None)).rows == [(1,)]

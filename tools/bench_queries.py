@@ -40,18 +40,21 @@ The questions and what each engine computes:
    and their mean reward, from `v_train_steps` (`SELECT step, num_trajectories,
    reward_mean FROM v_train_steps WHERE status = 'completed' ORDER BY step`). Parquet:
    count and avg of `reward` per file, step = file number.
-3. `tokens per step`: `tools/queries/tokens_per_step.sql` over `v_llm_calls`: per policy
-   step, LLM calls, rollouts, prompt, completion and total tokens, tokens per rollout,
-   mean call latency. Parquet: the same from each trajectory's `metrics` JSON text
-   (sum of `num_llm_calls`, count of rows, sums of the token counts, total / rows, and
+3. `tokens per step`: `tools/queries/tokens_per_step.sql`: per policy step, LLM calls,
+   rollouts, prompt, completion and total tokens, tokens per rollout, mean call latency,
+   summed from the rollouts' call totals in `v_rollouts` (the calls without a latency,
+   from `v_llm_calls`, are left out of the mean, as AVG over the calls does;
+   tests/test_sql_cli.py checks that it equals the aggregate over `v_llm_calls`).
+   Parquet: the same from each trajectory's `metrics` JSON text (sum of `num_llm_calls`,
+   count of rows, sums of the token counts, total / rows, and
    sum of `llm_latency_s` / sum of `num_llm_calls`).
 
 Every engine's rows must equal the first engine's (integers exactly, floats to a relative
 1e-9), or the script fails. The engines, each timed on every question:
 
 - `artstore sqlite` / `artstore postgresql`: `artstore.analysis.query(store, sql)`, the
-  public path (`artstore sql` runs it): text check, a fresh read-only connection per
-  query, values made plain;
+  public path (`artstore sql` runs it): text check, a read-only connection from the
+  store's pool of query connections, values made plain;
 - `sqlite3` / `psycopg`: the same SQL text on one connection kept open, `fetchall()`: the
   database's own time for the views, without artstore around it;
 - `duckdb parquet`: `read_parquet('<out>/trajectories/train/*.parquet', filename = true)`
@@ -85,10 +88,41 @@ Where the time went (profiled on 2,000 rollouts, 10,522 events, 2 busy CPUs):
 - analysis: v_rollouts aggregated all of `llm_calls` per rollout and found the latest
   reward with an anti-join over `rewards`, for every query; the reward curve took 89 ms
   in sqlite3. With the call totals kept on `rollouts` and `latest_rewards` (0007) it
-  takes ~15 ms. What remains around the views: `artstore.analysis.query` opens a fresh
-  read-only connection, checks the text (sqlglot, ~1 ms) and on SQLite runs a progress
-  handler every 1,000 instructions (its timeout). Tokens per step still joins every call
-  to its rollout and counts distinct rollouts; DuckDB reads 10,000 rows of parquet.
+  takes ~15 ms. Around the views, `artstore.analysis.query` then opened a fresh
+  read-only connection per query (on PostgreSQL a new asyncpg connection, type
+  introspection included: ~15 ms of a trivial query's 17 ms), checked the text
+  (sqlglot, ~1 ms) and on SQLite called its Python progress handler every 1,000
+  instructions (the timeout). Now query connections are kept (SQLite: a pool of
+  read-only connections, authorizer and clock armed once, the handler every 20,000
+  instructions with a deadline; PostgreSQL: a pool of its own, never lent to the store's
+  work, its session reset after each query: advisory locks, settings, LISTEN): a
+  trivial query costs ~1 ms on SQLite and ~2 ms on PostgreSQL. `tokens_per_step.sql`
+  sums the rollouts' call totals per step instead of joining every call to its rollout
+  and counting distinct rollouts (psycopg: 85 ms -> 17-34 ms; sqlite3: 60-95 ms ->
+  50-68 ms, what is left being v_rollouts' per-row join to `latest_rewards`).
+
+  Medians, ms, 10,000 rollouts, 2 CPUs shared with other sessions (load 6 to 9):
+
+  | question | database | before | after | DuckDB before / after | ratio before / after |
+  |---|---|---|---|---|---|
+  | reward curve | SQLite | 20.5 | 34.3 | 18.0 / 31.7 | 1.14 / 1.08 |
+  | train-step reward | SQLite | 30.2 | 32.1 | 11.4 / 29.8 | 2.64 / 1.08 |
+  | tokens per step | SQLite | 75.9 | 54.4 | 19.9 / 57.3 | 3.82 / 0.95 |
+  | reward curve | PostgreSQL | 39.8 | 34.3 | 18.0 / 31.7 | 2.21 / 1.08 |
+  | train-step reward | PostgreSQL | 63.8 | 51.8 | 11.4 / 29.8 | 5.59 / 1.74 |
+  | tokens per step | PostgreSQL | 113.5 | 42.6 | 19.9 / 57.3 | 5.71 / 0.74 |
+
+  The two runs had different loads: DuckDB, multi-threaded, lost most to it (11-20 ms
+  in the first run, 30-57 ms in the second), so the ratios of the second run flatter
+  artstore. A third measurement on the same files, the engines alternating, gave
+  SQLite 14.1 / 20.4 / 30.2 ms (x 1.16 / 1.54 / 1.74 of DuckDB) and PostgreSQL
+  13.5 / 23.0 / 17.0 ms (x 1.43 / 2.47 / 0.91), the tokens query still the old one on
+  SQLite. The train-step reward is the closest: v_train_steps joins every trained
+  rollout to its group and reward (sqlite3 and psycopg alone take 25-36 ms, 16 ms of
+  execution on PostgreSQL); a projection of each step's trained count and mean would
+  take it off the table. All three scale linearly in the rollouts on every engine
+  (each reads every rollout, or every parquet row, once); 100,000 rollouts were not
+  measured (recording and export take ~10x as long).
 - size: the events' JSON payloads and the blobs (messages with logprobs) are most of the
   database; the parquet holds no logprobs. Not changed here.
 

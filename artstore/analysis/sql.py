@@ -219,7 +219,10 @@ async def stream_read_only(
                     return
                 yield [tuple(row) for row in batch]
 
-        yield QueryRows(columns, batches())
+        try:
+            yield QueryRows(columns, batches())
+        finally:
+            await result.close()  # the connection goes back to its pool without a cursor
 
 
 async def run_read_only(

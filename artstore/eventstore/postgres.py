@@ -84,11 +84,16 @@ class PostgresDatabase(Database):
         url: URL,
         engine: AsyncEngine,
         writer_engine: AsyncEngine,
+        query_engine: AsyncEngine,
         *,
         read_only: bool = False,
     ) -> None:
         super().__init__(url, engine, engine, read_only=read_only)
         self.writer_engine = writer_engine  # the store's writer, with tighter timeouts
+        # Connections for user queries (analysis.sql) alone, never handed to the store's
+        # own work: a user query may leave session state (an advisory lock) that the
+        # session's reset takes away, but nothing else ever sees it.
+        self.query_engine = query_engine
 
     @classmethod
     def connect(cls, url: URL, *, read_only: bool = False) -> PostgresDatabase:
@@ -116,10 +121,19 @@ class PostgresDatabase(Database):
                 "server_settings": {**WRITER_SETTINGS, **overrides},
             },
         )
-        return cls(url, engine, writer_engine, read_only=read_only)
+        query_engine = create_async_engine(
+            bare,
+            pool_size=4,
+            max_overflow=4,
+            pool_pre_ping=True,
+            json_serializer=serialize,
+            connect_args={**connect_args, "server_settings": settings},
+        )
+        return cls(url, engine, writer_engine, query_engine, read_only=read_only)
 
     async def dispose(self) -> None:
         await self.writer_engine.dispose()
+        await self.query_engine.dispose()
         await super().dispose()
 
     def writer(self) -> PostgresWriter:
@@ -188,22 +202,24 @@ class PostgresDatabase(Database):
 
     @asynccontextmanager
     async def query_session(self, timeout: float | None) -> AsyncIterator[AsyncConnection]:
-        connection = await self.open_connection(self.read_engine)
+        connection = await self.open_connection(self.query_engine)
+        clean = False
         try:
-            await connection.exec_driver_sql("SET TRANSACTION READ ONLY")
+            await connection.exec_driver_sql("SET TRANSACTION READ ONLY")  # (begins it)
             limit = 0 if not timeout else max(1, round(timeout * 1000))
-            await connection.exec_driver_sql(f"SET LOCAL statement_timeout = {limit}")
             # A client that stops reading (stopped, or killed on a network that does not
-            # say so) does not keep a snapshot and a connection for long.
+            # say so) does not keep a snapshot and a connection for long; from 14 on, a
+            # killed client's query stops within a second, not at its next row.
             idle = max(60_000, 2 * limit)
-            await connection.exec_driver_sql(
-                f"SET LOCAL idle_in_transaction_session_timeout = {idle}"
-            )
+            settings = [
+                f"SET LOCAL statement_timeout = {limit}",
+                f"SET LOCAL idle_in_transaction_session_timeout = {idle}",
+            ]
             if (connection.dialect.server_version_info or (0,)) >= (14,):
-                # A killed client's query stops within a second, not at its next row.
-                await connection.exec_driver_sql(
-                    "SET LOCAL client_connection_check_interval = 1000"
-                )
+                settings.append("SET LOCAL client_connection_check_interval = 1000")
+            driver = (await connection.get_raw_connection()).driver_connection
+            # One round trip for all of them (asyncpg's simple protocol takes several).
+            await driver.execute("; ".join(settings))  # type: ignore[union-attr]
             role = (
                 await connection.execute(
                     text(
@@ -226,8 +242,24 @@ class PostgresDatabase(Database):
                 )
             await connection.exec_driver_sql(f"SET LOCAL ROLE {READER_ROLE}")
             yield connection
+            await connection.rollback()
+            # What a query may have left in the session beyond its transaction (a
+            # session-level advisory lock, a setting, a LISTEN, a cursor WITH HOLD) goes.
+            await driver.execute(_RESET_SESSION)  # type: ignore[union-attr]
+            clean = True
         finally:
-            await connection.invalidate()  # its session state dies with it
+            if clean:
+                await connection.close()  # back to the query pool
+            else:
+                await connection.invalidate()  # its session state dies with it
+
+
+# DISCARD ALL without DEALLOCATE ALL, which would drop the prepared statements that
+# SQLAlchemy's asyncpg driver keeps for this connection.
+_RESET_SESSION = (
+    "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; "
+    "SELECT pg_advisory_unlock_all(); DISCARD TEMP"
+)
 
 
 def lock_key(name: str) -> int:

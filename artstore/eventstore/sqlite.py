@@ -61,7 +61,8 @@ class SQLiteDatabase(Database):
         # A synchronous engine for the store's writer thread, which runs each write
         # transaction in one call instead of a thread hop per statement (aiosqlite).
         self.writer_engine = writer_engine
-        self._query_engine: AsyncEngine | None = read_engine if read_only else None
+        # Connections for user queries (analysis.sql), opened read-only on first use.
+        self._query_engine: AsyncEngine | None = None
         self._event_binders: _EventBinders | None = None
 
     @classmethod
@@ -141,7 +142,7 @@ class SQLiteDatabase(Database):
     async def dispose(self) -> None:
         if self.writer_engine is not None:
             self.writer_engine.dispose()
-        if self._query_engine is not None and self._query_engine is not self.read_engine:
+        if self._query_engine is not None:
             await self._query_engine.dispose()
         await super().dispose()
 
@@ -237,24 +238,38 @@ class SQLiteDatabase(Database):
 
     @asynccontextmanager
     async def query_session(self, timeout: float | None) -> AsyncIterator[AsyncConnection]:
-        # The file opened read-only (mode=ro), whatever this store was opened for.
+        # The file opened read-only (mode=ro), whatever this store was opened for, on
+        # connections kept for user queries alone: each carries its authorizer and progress
+        # handler for its life, so a query does not pay for opening and arming one.
         if self._query_engine is None:
             self._query_engine = _read_only_engine(self.url)
         connection = await self.open_connection(self._query_engine)
+        clean = False
         try:
             tables = await connection.exec_driver_sql(
                 "SELECT name FROM sqlite_master WHERE type = 'table'"
             )  # (this also begins the transaction)
-            raw = (await connection.get_raw_connection()).driver_connection
-            authorizer = _QueryAuthorizer({name.lower() for (name,) in tables})
-            await raw.set_authorizer(authorizer)  # type: ignore[union-attr]
-            if timeout:
-                clock = _Clock(timeout)
-                await raw.set_progress_handler(clock.expired, 1000)  # type: ignore[union-attr]
-                connection.info["restart_clock"] = clock.restart
+            names = {name.lower() for (name,) in tables}
+            guard: _QueryGuard | None = connection.info.get("query_guard")
+            if guard is None:
+                raw = (await connection.get_raw_connection()).driver_connection
+                guard = _QueryGuard(names)
+                await raw.set_authorizer(guard.authorizer)  # type: ignore[union-attr]
+                await raw.set_progress_handler(  # type: ignore[union-attr]
+                    guard.clock.expired, PROGRESS_INSTRUCTIONS
+                )
+                connection.info["query_guard"] = guard
+            else:
+                guard.authorizer.tables = names - _READABLE  # a migration may have added some
+            guard.clock.start(timeout)
+            connection.info["restart_clock"] = guard.clock.restart
             yield connection
+            clean = True
         finally:
-            await connection.invalidate()  # its authorizer and handler die with it
+            if clean:
+                await connection.close()  # back to the pool; the pool rolls back
+            else:
+                await connection.invalidate()  # after an error, a fresh connection next time
 
 
 class SQLiteWriter(Writer):
@@ -395,19 +410,37 @@ def _read_only_engine(url: URL) -> AsyncEngine:
     return engine
 
 
+# SQLite calls the progress handler every this many virtual machine instructions: often
+# enough to stop a query within milliseconds of its deadline, rarely enough that the call
+# into Python costs nothing measurable (every 1,000 cost a query ~10% of its time).
+PROGRESS_INSTRUCTIONS = 20_000
+
+
 class _Clock:
     """Stops a query (SQLite's progress handler) that works `timeout` seconds without
     handing over rows; restarted at each batch, as PostgreSQL's statement timeout is."""
 
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self.started = time.monotonic()
+    def __init__(self) -> None:
+        self.deadline = math.inf
+        self.timeout: float | None = None
+
+    def start(self, timeout: float | None) -> None:
+        self.timeout = timeout or None
+        self.restart()
 
     def restart(self) -> None:
-        self.started = time.monotonic()
+        self.deadline = math.inf if self.timeout is None else time.monotonic() + self.timeout
 
     def expired(self) -> int:
-        return int(time.monotonic() - self.started > self.timeout)
+        return int(time.monotonic() > self.deadline)
+
+
+class _QueryGuard:
+    """What a connection for user queries carries: its authorizer and its clock."""
+
+    def __init__(self, tables: set[str]) -> None:
+        self.authorizer = _QueryAuthorizer(tables)
+        self.clock = _Clock()
 
 
 def _configure(engine: Engine, *, begin: str, read_only: bool = False) -> None:
