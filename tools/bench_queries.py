@@ -87,7 +87,7 @@ Where the time went (profiled on 2,000 rollouts, 10,522 events, 2 busy CPUs):
   encoding of payloads), which this change leaves alone.
 - analysis: v_rollouts aggregated all of `llm_calls` per rollout and found the latest
   reward with an anti-join over `rewards`, for every query; the reward curve took 89 ms
-  in sqlite3. With the call totals kept on `rollouts` and `latest_rewards` (0007) it
+  in sqlite3. With the call totals kept on `rollouts` and `latest_rewards` (0006) it
   takes ~15 ms. Around the views, `artstore.analysis.query` then opened a fresh
   read-only connection per query (on PostgreSQL a new asyncpg connection, type
   introspection included: ~15 ms of a trivial query's 17 ms), checked the text

@@ -1,5 +1,5 @@
 """The SQL views for analysis, declared once; migration 0002 created them, 0003 recreated
-them over PostgreSQL's `json` columns, 0007 over the projections shaped for them (call
+them over PostgreSQL's `json` columns, 0006 over the projections shaped for them (call
 totals on `rollouts`, `latest_rewards`).
 
 Each view is a SQLAlchemy Core `select()` over the projection tables, compiled for the

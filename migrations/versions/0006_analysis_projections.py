@@ -1,6 +1,6 @@
 """projections shaped for analysis: call totals on rollouts, latest_rewards
 
-Revision ID: 0007
+Revision ID: 0006
 Revises: 0005
 Create Date: 2026-12-03 09:00:00.000000
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007"
+revision: str = "0006"
 down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
