@@ -22,15 +22,13 @@ step's groups, and the projections equal a rebuild from the events.
 
 from __future__ import annotations
 
-import asyncio
-import multiprocessing
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import loop_crash_driver as driver
 import pytest
-from test_crash_resume import snapshot
+from crash_runs import Snapshot, forkserver, run_until_finished
 from training_helpers import rows
 
 import artstore
@@ -54,25 +52,9 @@ PLAN = [
 
 @pytest.fixture(scope="module")
 def processes() -> Any:
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(
+    return forkserver(
         ["loop_crash_driver", "art", "openai", "artstore.store", "artstore.training.backend"]
     )
-    return context
-
-
-def run_driver(processes: Any, url: str, workdir: Path, number: int) -> int | None:
-    log = workdir / f"log-{number}.txt"
-    child = processes.Process(
-        target=driver.main, args=(url, str(workdir), ",".join(PLAN), str(log))
-    )
-    child.start()
-    child.join(timeout=180)
-    if child.is_alive():
-        child.kill()
-        child.join()
-        pytest.fail(f"loop run {number} hung; its log:\n{log.read_text()}")
-    return child.exitcode
 
 
 async def test_a_durable_user_loop_killed_at_every_point_trains_each_group_once(
@@ -80,24 +62,14 @@ async def test_a_durable_user_loop_killed_at_every_point_trains_each_group_once(
 ) -> None:
     workdir = tmp_path / "loop"
     workdir.mkdir()
-    seen: list[dict[str, set[str]]] = []
-    exit_codes = []
     async with await artstore.open_store(database_url) as store:
-        for number in range(len(PLAN) + 1):
-            code = await asyncio.to_thread(run_driver, processes, database_url, workdir, number)
-            exit_codes.append(code)
-            if code == 0:
-                break
-            log = (workdir / f"log-{number}.txt").read_text()
-            assert code == -9, f"run {number} exited {code}, not by SIGKILL:\n{log}"
-            seen.append(await snapshot(store))
-        fired = [(workdir / f"fired-{i}").read_text() for i in range(len(PLAN))]
-        assert fired == PLAN, exit_codes
-        assert exit_codes == [-9] * len(PLAN) + [0]
+        seen = await run_until_finished(
+            store, processes, driver.main, database_url, workdir, PLAN, timeout_s=180
+        )
         await check_run(store, seen, workdir)
 
 
-async def check_run(store: artstore.Store, seen: list[dict[str, set[str]]], workdir: Path) -> None:
+async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) -> None:
     (run,) = await rows(store, t.runs)
     assert (run.run, run.status, run.model, run.scorer) == (
         driver.RUN,
