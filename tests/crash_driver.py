@@ -14,27 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from crash_points import CrashingBackend, CrashPlan, crash_around_appends, run_logged
+from crash_points import CrashingBackend, CrashPlan, crash_around_appends, run_from_command_line
 
-POINTS = (
-    "rollout",
-    "sealed",
-    "train-start",
-    "train-end",
-    "before-completed",
-    "after-completed",
-    "push",
-    "before-finished",
-    "before-reconciled",
-    "after-reconciled",
-)
 MODEL_NAME = "crash"
 PROJECT = "crashtest"
 SCENARIOS = [{"question": f"What is fact number {i}?", "id": i} for i in range(3)]
@@ -48,7 +35,7 @@ async def train(url: str, workdir: Path, plan: str) -> None:
     import artstore
     from artstore.testing.inference_server import LocalInferenceServer
 
-    crash_plan = CrashPlan(workdir, plan, POINTS)
+    crash_plan = CrashPlan(workdir, plan)
     finished_per_scenario: Counter[int] = Counter()
 
     async def agent(scenario: dict[str, Any], thread_id: str) -> str:
@@ -100,12 +87,5 @@ async def train(url: str, workdir: Path, plan: str) -> None:
     (workdir / "summary.json").write_text(json.dumps(summary.__dict__))
 
 
-def main(url: str, workdir: str, plan: str, log_path: str | None = None) -> None:
-    """Entry point for a child process; its output goes to `log_path` when given."""
-    run_logged(train, url, workdir, plan, log_path)
-
-
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        raise SystemExit(__doc__)
-    main(*sys.argv[1:])
+    run_from_command_line(train)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 from collections import Counter
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -33,18 +34,31 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from artstore.backends import CheckOnlyBackend
 
+POINTS = (
+    "rollout",
+    "sealed",
+    "train-start",
+    "train-end",
+    "before-completed",
+    "after-completed",
+    "push",
+    "before-finished",
+    "before-reconciled",
+    "after-reconciled",
+)
+
 
 class CrashPlan:
     """The one armed point of this process, and how often each point was reached."""
 
-    def __init__(self, workdir: Path, plan: str, points: tuple[str, ...]) -> None:
+    def __init__(self, workdir: Path, plan: str) -> None:
         self.workdir = workdir
         self.seen: Counter[str] = Counter()
         self.armed: tuple[int, str, int] | None = None
         for index, item in enumerate(p for p in plan.split(",") if p):
             point, _, nth = item.partition(":")
-            if point not in points:
-                raise SystemExit(f"unknown crash point {point!r}; known: {', '.join(points)}")
+            if point not in POINTS:
+                raise SystemExit(f"unknown crash point {point!r}; known: {', '.join(POINTS)}")
             if not (workdir / f"fired-{index}").exists():
                 self.armed = (index, point, int(nth or 1))
                 break
@@ -136,9 +150,16 @@ def run_logged(
     plan: str,
     log_path: str | None = None,
 ) -> None:
-    """Run a driver's `train` in a child process; its output goes to `log_path` when given."""
+    """Run a driver's `train` (in a child process); its output goes to `log_path` when given."""
     if log_path is not None:
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(log, 1)
         os.dup2(log, 2)
     asyncio.run(train(url, Path(workdir), plan))
+
+
+def run_from_command_line(train: Callable[[str, Path, str], Coroutine[Any, Any, None]]) -> None:
+    """`python tests/<driver>.py DATABASE_URL WORKDIR POINT:N[,POINT:N...]`."""
+    if len(sys.argv) != 4:
+        raise SystemExit(f"usage: {sys.argv[0]} DATABASE_URL WORKDIR POINT:N[,POINT:N...]")
+    run_logged(train, *sys.argv[1:])

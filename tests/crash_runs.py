@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from crash_points import run_logged
 from sqlalchemy import text
 from training_helpers import rows
 
 import artstore
+from artstore.backends import CheckOnlyBackend
 from artstore.schema import tables as t
 
-DriverMain = Callable[[str, str, str, str], None]
+DriverTrain = Callable[[str, Path, str], Coroutine[Any, Any, None]]
 Snapshot = dict[str, set[str]]
 
 
@@ -32,7 +35,7 @@ def forkserver(preload: list[str]) -> Any:
 
 def run_driver(
     processes: Any,
-    main: DriverMain,
+    train: DriverTrain,
     url: str,
     workdir: Path,
     number: int,
@@ -40,22 +43,24 @@ def run_driver(
     *,
     timeout_s: float,
 ) -> int | None:
-    """Run `main` once in a child; its exit code (-9 when it killed itself)."""
+    """Run a driver's `train` once in a child; its exit code (-9 when it killed itself)."""
     log = workdir / f"log-{number}.txt"
-    child = processes.Process(target=main, args=(url, str(workdir), ",".join(plan), str(log)))
+    child = processes.Process(
+        target=run_logged, args=(train, url, str(workdir), ",".join(plan), str(log))
+    )
     child.start()
     child.join(timeout=timeout_s)
     if child.is_alive():
         child.kill()
         child.join()
-        pytest.fail(f"{main.__module__} run {number} hung; its log:\n{log.read_text()}")
+        pytest.fail(f"{train.__module__} run {number} hung; its log:\n{log.read_text()}")
     return child.exitcode
 
 
 async def run_until_finished(
     store: artstore.Store,
     processes: Any,
-    main: DriverMain,
+    train: DriverTrain,
     url: str,
     workdir: Path,
     plan: list[str],
@@ -73,7 +78,7 @@ async def run_until_finished(
     exit_codes = []
     for number in range(len(plan) + 1):
         code = await asyncio.to_thread(
-            run_driver, processes, main, url, workdir, number, plan, timeout_s=timeout_s
+            run_driver, processes, train, url, workdir, number, plan, timeout_s=timeout_s
         )
         exit_codes.append(code)
         if code == 0:
@@ -107,3 +112,31 @@ async def snapshot(store: artstore.Store) -> Snapshot:
             found[rollout.status].add(rollout.rollout_id)
     found["sealed"] = {g.group_id for g in await rows(store, t.groups)}
     return found
+
+
+def driver_checkpoints(workdir: Path, driver: Any) -> tuple[CheckOnlyBackend, Any]:
+    """The backend the driver trained on (read back from WORKDIR/art) and its model."""
+    import art
+
+    model = art.TrainableModel(
+        name=driver.MODEL_NAME,
+        run_name=driver.MODEL_NAME,
+        project=driver.PROJECT,
+        base_model="test-base",
+    )
+    return CheckOnlyBackend(path=workdir / "art"), model
+
+
+def groups_in_checkpoints(
+    workdir: Path, driver: Any, completed: Sequence[Any], key: str = "artstore_group_id"
+) -> Counter[str]:
+    """The groups the backend's own checkpoints hold, counted over the completed steps;
+    each step's checkpoint must hold exactly the groups its train step recorded."""
+    backend, model = driver_checkpoints(workdir, driver)
+    in_checkpoints: Counter[str] = Counter()
+    for step in completed:
+        record = backend.read_checkpoint(model, step.step)
+        trained = [m[key] for m in record["group_metadata"]]
+        assert sorted(trained) == sorted(step.group_ids)
+        in_checkpoints.update(trained)
+    return in_checkpoints

@@ -8,14 +8,13 @@ tools, `art.gather_trajectory_groups` over `art.TrajectoryGroup(rollout(...) for
 make it durable: the backend is `artstore.recording_backend(store, ...)`, the rollout function
 `artstore.durable_rollouts(store, ...)`, and `after_each=artstore.group_recorder(store, ...)`.
 
-Its crash points are those of tests/crash_points.py that a loop reaches (POINTS below),
+Its crash points are those of tests/crash_points.py that a loop reaches (all but push),
 with `rollout` reached by the agent once a rollout of the same scenario has finished.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -23,17 +22,8 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from crash_points import CrashingBackend, CrashPlan, crash_around_appends, run_logged
+from crash_points import CrashingBackend, CrashPlan, crash_around_appends, run_from_command_line
 
-POINTS = (
-    "rollout",
-    "sealed",
-    "train-start",
-    "train-end",
-    "before-completed",
-    "after-completed",
-    "before-finished",
-)
 RUN = "loops/crash"
 PROJECT, MODEL_NAME = "loops", "agent"
 STEPS, BATCH_SIZE, GROUP_SIZE = 4, 2, 2
@@ -67,7 +57,7 @@ async def train(url: str, workdir: Path, plan: str) -> None:
     from artstore.art_versions import trainable_model
     from artstore.testing.inference_server import LocalInferenceServer
 
-    crash_plan = CrashPlan(workdir, plan, POINTS)
+    crash_plan = CrashPlan(workdir, plan)
     finished: Counter[int] = Counter()
 
     with LocalInferenceServer() as server:
@@ -135,12 +125,5 @@ async def train(url: str, workdir: Path, plan: str) -> None:
         await store.close()
 
 
-def main(url: str, workdir: str, plan: str, log_path: str | None = None) -> None:
-    """Entry point for a child process; its output goes to `log_path` when given."""
-    run_logged(train, url, workdir, plan, log_path)
-
-
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        raise SystemExit(__doc__)
-    main(*sys.argv[1:])
+    run_from_command_line(train)

@@ -16,24 +16,14 @@ tests/loop_crash_driver.py:
 from __future__ import annotations
 
 import os
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from crash_points import CrashingBackend, CrashPlan, crash_around_appends, run_logged
+from crash_points import CrashingBackend, CrashPlan, crash_around_appends, run_from_command_line
 
-POINTS = (
-    "rollout",
-    "sealed",
-    "train-start",
-    "train-end",
-    "before-completed",
-    "after-completed",
-    "before-finished",
-)
 RUN = "pipelines/crash"
 PROJECT, MODEL_NAME = "pipelines", "agent"
 NUM_SCENARIOS, GROUP_SIZE, BATCH_SIZE = 12, 2, 2
@@ -48,7 +38,7 @@ async def train(url: str, workdir: Path, plan: str) -> None:
     from artstore.art_versions import trainable_model
     from artstore.testing.inference_server import LocalInferenceServer
 
-    crash_plan = CrashPlan(workdir, plan, POINTS)
+    crash_plan = CrashPlan(workdir, plan)
     finished: Counter[int] = Counter()
     invocation = len(list(workdir.glob("fired-*")))  # 0 for the first run, 1 after one crash...
     completions = open(workdir / "completions.txt", "a")  # noqa: SIM115
@@ -99,12 +89,5 @@ async def train(url: str, workdir: Path, plan: str) -> None:
         await store.close()
 
 
-def main(url: str, workdir: str, plan: str, log_path: str | None = None) -> None:
-    """Entry point for a child process; its output goes to `log_path` when given."""
-    run_logged(train, url, workdir, plan, log_path)
-
-
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        raise SystemExit(__doc__)
-    main(*sys.argv[1:])
+    run_from_command_line(train)

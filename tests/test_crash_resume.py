@@ -27,11 +27,17 @@ from typing import Any
 
 import crash_driver
 import pytest
-from crash_runs import Snapshot, forkserver, run_driver, run_until_finished
+from crash_runs import (
+    Snapshot,
+    driver_checkpoints,
+    forkserver,
+    groups_in_checkpoints,
+    run_driver,
+    run_until_finished,
+)
 from training_helpers import assert_consistent, rows
 
 import artstore
-from artstore.backends import CheckOnlyBackend
 from artstore.events import RolloutFailed
 from artstore.schema import tables as t
 from artstore.training.groups import group_id_for
@@ -77,7 +83,7 @@ async def test_killed_at_every_point_and_resumed_trains_each_group_once(
     workdir.mkdir()
     async with await artstore.open_store(database_url) as store:
         seen = await run_until_finished(
-            store, processes, crash_driver.main, database_url, workdir, PLAN, timeout_s=120
+            store, processes, crash_driver.train, database_url, workdir, PLAN, timeout_s=120
         )
         await check_run(store, seen, workdir)
 
@@ -151,15 +157,9 @@ async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) 
     assert not [s for s in steps if s.status == "started"]
 
     # The backend agrees: one checkpoint per step, each group in exactly one of them.
-    backend = CheckOnlyBackend(path=workdir / "art")
-    model = _model()
+    backend, model = driver_checkpoints(workdir, crash_driver)
     assert backend._current_step(model) == NUM_STEPS
-    in_checkpoints = Counter()
-    for step in completed:
-        record = backend.read_checkpoint(model, step.step)
-        trained = [m["group_id"] for m in record["group_metadata"]]
-        assert sorted(trained) == sorted(step.group_ids)
-        in_checkpoints.update(trained)
+    in_checkpoints = groups_in_checkpoints(workdir, crash_driver, completed, key="group_id")
     assert in_checkpoints == Counter(set(groups))
     history = backend.model_dir(model) / "trajectories" / "train"
     assert sorted(p.name for p in history.glob("*.parquet")) == [
@@ -202,13 +202,14 @@ async def test_a_crash_while_reconciling_a_step_leaves_arts_history_whole(
     workdir.mkdir()
     async with await artstore.open_store(database_url) as store:
         await run_until_finished(
-            store, processes, crash_driver.main, database_url, workdir, plan, timeout_s=120
+            store, processes, crash_driver.train, database_url, workdir, plan, timeout_s=120
         )
         steps = await rows(store, t.train_steps)
         completed = sorted(s.step for s in steps if s.status == "completed")
         assert completed == list(range(1, NUM_STEPS + 1))
         assert [s.step for s in steps if s.reconciled] == [1]  # reconciled once, recorded once
-    history = CheckOnlyBackend(path=workdir / "art").model_dir(_model()) / "trajectories"
+    backend, model = driver_checkpoints(workdir, crash_driver)
+    history = backend.model_dir(model) / "trajectories"
     assert sorted(p.name for p in (history / "train").glob("*.parquet")) == [
         f"{s:04d}.parquet" for s in range(1, NUM_STEPS + 1)
     ]
@@ -222,7 +223,7 @@ async def test_a_trainer_in_another_process_gets_a_clear_error(
             code = await asyncio.to_thread(
                 run_driver,
                 processes,
-                crash_driver.main,
+                crash_driver.train,
                 database_url,
                 tmp_path,
                 0,
@@ -234,14 +235,3 @@ async def test_a_trainer_in_another_process_gets_a_clear_error(
             code == 1 and "TrainerConflictError: crashtest/crash is being trained by another" in log
         )
         assert await store.read_all() == []  # refused before writing anything
-
-
-def _model() -> Any:
-    import art
-
-    return art.TrainableModel(
-        name=crash_driver.MODEL_NAME,
-        run_name=crash_driver.MODEL_NAME,
-        project=crash_driver.PROJECT,
-        base_model="test-base",
-    )

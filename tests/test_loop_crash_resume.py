@@ -28,11 +28,16 @@ from typing import Any
 
 import loop_crash_driver as driver
 import pytest
-from crash_runs import Snapshot, forkserver, run_until_finished
+from crash_runs import (
+    Snapshot,
+    driver_checkpoints,
+    forkserver,
+    groups_in_checkpoints,
+    run_until_finished,
+)
 from training_helpers import rows
 
 import artstore
-from artstore.backends import CheckOnlyBackend
 from artstore.events import RolloutFailed
 from artstore.schema import tables as t
 from artstore.training.durable import durable_group_id
@@ -64,7 +69,7 @@ async def test_a_durable_user_loop_killed_at_every_point_trains_each_group_once(
     workdir.mkdir()
     async with await artstore.open_store(database_url) as store:
         seen = await run_until_finished(
-            store, processes, driver.main, database_url, workdir, PLAN, timeout_s=180
+            store, processes, driver.train, database_url, workdir, PLAN, timeout_s=180
         )
         await check_run(store, seen, workdir)
 
@@ -117,23 +122,9 @@ async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) 
     assert sum(s.reconciled for s in completed) == 2  # train-end, before-completed
     assert [s.error_type for s in steps if s.status == "failed"] == ["TrainerStopped"]
     assert not [s for s in steps if s.status == "started"]
-    import art
-
-    backend = CheckOnlyBackend(path=workdir / "art")
-    model = art.TrainableModel(
-        name=driver.MODEL_NAME,
-        run_name=driver.MODEL_NAME,
-        project=driver.PROJECT,
-        base_model="test-base",
-    )
+    backend, model = driver_checkpoints(workdir, driver)
     assert backend._current_step(model) == driver.STEPS
-    in_checkpoints: Counter[str] = Counter()
-    for step in completed:
-        record = backend.read_checkpoint(model, step.step)
-        trained = [m["artstore_group_id"] for m in record["group_metadata"]]
-        assert sorted(trained) == sorted(step.group_ids)
-        in_checkpoints.update(trained)
-    assert in_checkpoints == Counter(list(expected))
+    assert groups_in_checkpoints(workdir, driver, completed) == Counter(list(expected))
     from training_helpers import projections
 
     before = await projections(store)

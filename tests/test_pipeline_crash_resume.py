@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from crash_runs import Snapshot, forkserver, run_until_finished
+from crash_runs import Snapshot, forkserver, groups_in_checkpoints, run_until_finished
 from training_helpers import projections, rows
 
 import artstore
 from artstore.art_versions import has_pipeline_trainer, rewards_have_zero_variance
-from artstore.backends import CheckOnlyBackend
 from artstore.schema import tables as t
 
 if not has_pipeline_trainer():  # one module-level skip: no PostgreSQL test is skipped
@@ -68,7 +67,7 @@ async def test_pipeline_trainer_killed_at_every_point_loses_no_group(
         seen = await run_until_finished(
             store,
             processes,
-            driver.main,
+            driver.train,
             database_url,
             workdir,
             PLAN,
@@ -79,7 +78,6 @@ async def test_pipeline_trainer_killed_at_every_point_loses_no_group(
 
 
 async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) -> None:
-    import art
     import pipeline_crash_driver as driver
 
     from artstore.training.pipeline import pipeline_group_id
@@ -125,17 +123,7 @@ async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) 
     assert [s.step for s in completed] == list(range(1, len(completed) + 1))
     assert sum(s.reconciled for s in completed) == 2  # train-end, before-completed
     assert [s.error_type for s in steps if s.status == "failed"] == ["TrainerStopped"]
-    backend = CheckOnlyBackend(path=workdir / "art")
-    model = art.TrainableModel(
-        name=driver.MODEL_NAME, run_name=driver.MODEL_NAME, project=driver.PROJECT, base_model="b"
-    )
-    in_checkpoints: Counter[str] = Counter()
-    for step in completed:
-        record = backend.read_checkpoint(model, step.step)
-        trained = [m["artstore_group_id"] for m in record["group_metadata"]]
-        assert sorted(trained) == sorted(step.group_ids)
-        in_checkpoints.update(trained)
-    assert in_checkpoints == Counter(spread)
+    assert groups_in_checkpoints(workdir, driver, completed) == Counter(spread)
 
     # After each restart, the groups recorded before it and not trained are trained first.
     consumed: set[str] = set()
