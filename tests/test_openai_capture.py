@@ -277,15 +277,20 @@ async def test_failed_calls_are_recorded_and_the_agent_gets_the_exception(store)
     assert (await store.trajectory(rollout.id)).messages_and_choices == []
 
 
+async def long_story(client: openai.AsyncOpenAI) -> Any:
+    """A streamed chat completion, long enough to be cut off while it streams."""
+    return await client.chat.completions.create(
+        model="test-model",
+        messages=[{"role": "user", "content": "Tell me a long story please"}],
+        stream=True,
+    )
+
+
 async def test_a_stream_closed_early_is_a_failed_call(store) -> None:
     async with LocalInferenceServer(chunk_interval_s=0.05) as server:
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
         async with store.rollout("agent"):
-            stream = await client.chat.completions.create(
-                model="test-model",
-                messages=[{"role": "user", "content": "Tell me a long story please"}],
-                stream=True,
-            )
+            stream = await long_story(client)
             async for _ in stream:
                 break
             await stream.close()
@@ -380,11 +385,7 @@ async def test_a_stream_left_open_when_the_block_exits_is_a_failed_call(store) -
     async with LocalInferenceServer(chunk_interval_s=0.05) as server:
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
         async with store.rollout("agent"):
-            stream = await client.chat.completions.create(
-                model="test-model",
-                messages=[{"role": "user", "content": "Tell me a long story please"}],
-                stream=True,
-            )
+            stream = await long_story(client)
             async for _ in stream:
                 break  # and never closed in the block
         await stream.close()
