@@ -23,25 +23,13 @@ from typing import Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from crash_points import CrashingBackend, CrashPlan, crash_around_appends, run_from_command_line
+from training_helpers import LOOKUP_TOOL
 
 RUN = "loops/crash"
 PROJECT, MODEL_NAME = "loops", "agent"
 STEPS, BATCH_SIZE, GROUP_SIZE = 4, 2, 2
 SCENARIOS = [{"question": f"What is fact number {i}?", "id": i} for i in range(3)]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look up a fact.",
-            "parameters": {
-                "type": "object",
-                "properties": {"query": {"type": "string"}},
-                "required": ["query"],
-            },
-        },
-    }
-]
+TOOLS = [LOOKUP_TOOL]
 
 
 def batch_for(step: int) -> list[dict[str, Any]]:
