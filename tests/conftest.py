@@ -8,6 +8,7 @@ does), where a missing server fails the test instead.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -91,13 +92,7 @@ def module_database_url(
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path_factory.mktemp('store') / 'artstore.db'}"
         return
-    admin_url = _postgres_admin_url()
-    assert admin_url is not None
-    conninfo, url = _create_postgres_database(admin_url)
-    try:
-        yield url
-    finally:
-        _drop_postgres_database(conninfo, url)
+    yield from _fresh_postgres_database()
 
 
 @pytest.fixture
@@ -110,3 +105,18 @@ async def store(database_url: str) -> AsyncIterator:
         yield opened
     finally:
         await opened.close()
+
+
+@pytest.fixture
+def recorded_url(database_url: str) -> str:
+    """A database holding the recorded run (written, then closed: the CLI opens its own)."""
+    from recorded_run import record_run
+
+    import artstore
+
+    async def record() -> None:
+        async with await artstore.open_store(database_url) as store:
+            await record_run(store)
+
+    asyncio.run(record())
+    return database_url

@@ -8,56 +8,28 @@ tools, `art.gather_trajectory_groups` over `art.TrajectoryGroup(rollout(...) for
 make it durable: the backend is `artstore.recording_backend(store, ...)`, the rollout function
 `artstore.durable_rollouts(store, ...)`, and `after_each=artstore.group_recorder(store, ...)`.
 
-As in tests/crash_driver.py, each invocation arms the first POINT:N whose marker file
-(WORKDIR/fired-<i>) does not exist and kills itself the Nth time it reaches POINT:
-
-- rollout: the agent, once a rollout of the same scenario has finished;
-- sealed: right after a `group.sealed` append committed;
-- train-start / train-end: inside the backend's `train`, before it starts / after it
-  wrote the new checkpoint (the step advanced, the call has not returned);
-- before-completed / after-completed: around the append of `train_step.completed`;
-- before-finished: `store.append` of `run.finished`, just before it.
+Its crash points are those of tests/crash_points.py that a loop reaches (all but push),
+with `rollout` reached by the agent once a rollout of the same scenario has finished.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
-import sys
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-POINTS = (
-    "rollout",
-    "sealed",
-    "train-start",
-    "train-end",
-    "before-completed",
-    "after-completed",
-    "before-finished",
-)
+from crash_points import CrashingBackend, CrashPlan, crash_around_appends, run_from_command_line
+from training_helpers import LOOKUP_TOOL
+
 RUN = "loops/crash"
 PROJECT, MODEL_NAME = "loops", "agent"
 STEPS, BATCH_SIZE, GROUP_SIZE = 4, 2, 2
 SCENARIOS = [{"question": f"What is fact number {i}?", "id": i} for i in range(3)]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look up a fact.",
-            "parameters": {
-                "type": "object",
-                "properties": {"query": {"type": "string"}},
-                "required": ["query"],
-            },
-        },
-    }
-]
+TOOLS = [LOOKUP_TOOL]
 
 
 def batch_for(step: int) -> list[dict[str, Any]]:
@@ -65,76 +37,26 @@ def batch_for(step: int) -> list[dict[str, Any]]:
     return [SCENARIOS[(step * BATCH_SIZE + k) % len(SCENARIOS)] for k in range(BATCH_SIZE)]
 
 
-class Crasher:
-    def __init__(self, workdir: Path, plan: str, points: tuple[str, ...] = POINTS) -> None:
-        self.workdir = workdir
-        self.seen: Counter[str] = Counter()
-        self.armed: tuple[int, str, int] | None = None
-        for index, item in enumerate(p for p in plan.split(",") if p):
-            point, _, nth = item.partition(":")
-            if point not in points:
-                raise SystemExit(f"unknown crash point {point!r}; known: {', '.join(points)}")
-            if not (workdir / f"fired-{index}").exists():
-                self.armed = (index, point, int(nth or 1))
-                break
-
-    def reached(self, point: str) -> None:
-        self.seen[point] += 1
-        if self.armed is not None and self.armed[1:] == (point, self.seen[point]):
-            (self.workdir / f"fired-{self.armed[0]}").write_text(f"{point}:{self.seen[point]}")
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    def fires_next(self, point: str) -> bool:
-        return self.armed is not None and self.armed[1:] == (point, self.seen[point] + 1)
-
-
 async def train(url: str, workdir: Path, plan: str) -> None:
+    warnings.simplefilter("ignore", DeprecationWarning)  # ART 0.5.23: TrajectoryGroup(awaitables)
     import art
 
     import artstore
     from artstore.art_versions import trainable_model
-    from artstore.backends import CheckOnlyBackend
-    from artstore.events import GroupSealed, RunFinished, TrainStepCompleted
     from artstore.testing.inference_server import LocalInferenceServer
 
-    crasher = Crasher(workdir, plan)
+    crash_plan = CrashPlan(workdir, plan)
     finished: Counter[int] = Counter()
-
-    class CrashingBackend(CheckOnlyBackend):
-        async def train(self, model: Any, groups: Any, **kwargs: Any) -> Any:
-            crasher.reached("train-start")
-            result = await super().train(model, groups, **kwargs)
-            crasher.reached("train-end")
-            return result
 
     with LocalInferenceServer() as server:
         store = await artstore.open_store(url)
-        append_nowait = store.append_nowait  # `append` and group commits go through it
-
-        def append_with_crashes(stream_id: str, events: Any, *args: Any, **kwargs: Any) -> Any:
-            completes = any(isinstance(e, TrainStepCompleted) and not e.reconciled for e in events)
-            seals = any(isinstance(e, GroupSealed) for e in events)
-            if completes:
-                crasher.reached("before-completed")
-            if any(isinstance(e, RunFinished) for e in events):
-                crasher.reached("before-finished")
-            future = append_nowait(stream_id, events, *args, **kwargs)
-            if not (completes or seals):
-                return future
-
-            async def committed() -> Any:
-                result = await future
-                crasher.reached("after-completed" if completes else "sealed")
-                return result
-
-            return asyncio.ensure_future(committed())
-
-        store.append_nowait = append_with_crashes  # type: ignore[method-assign]
+        crash_around_appends(store, crash_plan)
 
         # --- the user's loop ------------------------------------------------------------
         backend = artstore.recording_backend(
             store,  # durable: 1 of 3
             CrashingBackend(
+                crash_plan,
                 path=workdir / "art",
                 inference_base_url=server.base_url,
                 inference_api_key=server.api_key,
@@ -161,13 +83,7 @@ async def train(url: str, workdir: Path, plan: str) -> None:
                 logprobs=True,
             )
             trajectory.messages_and_choices.append(completion.choices[0])
-            if crasher.fires_next("rollout"):
-                for _ in range(100):  # let a sibling finish first
-                    if finished[scenario["id"]]:
-                        break
-                    await asyncio.sleep(0.01)
-                await asyncio.sleep(0.2)
-            crasher.reached("rollout")
+            await crash_plan.reach_rollout(finished, scenario["id"], settle_s=0.2)
             message = completion.choices[0].message
             trajectory.reward = float(len(message.content or str(message.tool_calls)) % 5)
             return trajectory
@@ -197,19 +113,5 @@ async def train(url: str, workdir: Path, plan: str) -> None:
         await store.close()
 
 
-def main(url: str, workdir: str, plan: str, log_path: str | None = None) -> None:
-    """Entry point for a child process; its output goes to `log_path` when given."""
-    if log_path is not None:
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-    import warnings
-
-    warnings.simplefilter("ignore", DeprecationWarning)  # ART 0.5.23: TrajectoryGroup(awaitables)
-    asyncio.run(train(url, Path(workdir), plan))
-
-
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
-        raise SystemExit(__doc__)
-    main(*sys.argv[1:])
+    run_from_command_line(train)

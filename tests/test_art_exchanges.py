@@ -20,38 +20,18 @@ import art
 import openai
 import pytest
 from art.openai import consume_chat_completion_stream
+from capture_helpers import WEATHER_TOOL, served_model, served_trainable_model
 from sqlalchemy import select
 
-from artstore.art_versions import has_exchanges, trainable_model
-from artstore.backends.check_only import CheckOnlyBackend, TrajectoryCheckError
+from artstore.art_versions import has_exchanges
+from artstore.backends.check_only import TrajectoryCheckError
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
 
 if not has_exchanges():
     pytest.skip("ART < 0.5.20 has no Trajectory.exchanges", allow_module_level=True)
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"zone": {"type": "string"}, "city": {"type": "string"}},
-                "required": ["zone", "city"],
-            },
-        },
-    }
-]
-
-
-async def trainable(server: LocalInferenceServer, tmp_path: Any) -> tuple[Any, CheckOnlyBackend]:
-    model = trainable_model(name="agent", project="tests", base_model="Qwen/Qwen2.5-0.5B")
-    backend = CheckOnlyBackend(
-        path=tmp_path / ".art", inference_base_url=server.base_url, inference_api_key=server.api_key
-    )
-    await model.register(backend)
-    return model, backend
+TOOLS = [WEATHER_TOOL]
 
 
 async def agent(client: Any, model: Any, question: str, *, stream: bool = False) -> str:
@@ -89,7 +69,7 @@ async def rows(store: Any, query: Any) -> list[Any]:
 @pytest.mark.parametrize("kind", ["art", "async"])
 async def test_a_rollout_captured_by_art_keeps_arts_exchanges(store, tmp_path, kind, stream):
     async with LocalInferenceServer() as server:
-        model, _ = await trainable(server, tmp_path)
+        model, _ = await served_trainable_model(server, tmp_path)
         client = (
             model.openai_client()
             if kind == "art"
@@ -114,7 +94,7 @@ async def test_a_rollout_captured_by_art_keeps_arts_exchanges(store, tmp_path, k
 
 async def test_calls_outside_arts_capture_are_recorded_but_not_exchanges(store, tmp_path):
     async with LocalInferenceServer() as server:
-        model, _ = await trainable(server, tmp_path)
+        model, _ = await served_trainable_model(server, tmp_path)
         client = model.openai_client()
         async with store.rollout(model) as rollout:
             await agent(client, model, "Warm-up?")  # before ART captures anything
@@ -130,7 +110,7 @@ async def test_calls_outside_arts_capture_are_recorded_but_not_exchanges(store, 
 
 async def test_concurrent_captured_rollouts_never_mix(store, tmp_path):
     async with LocalInferenceServer() as server:
-        model, _ = await trainable(server, tmp_path)
+        model, _ = await served_trainable_model(server, tmp_path)
         client = model.openai_client()
 
         async def one(index: int) -> tuple[str, art.Trajectory]:
@@ -150,13 +130,7 @@ async def test_langchain_calls_inside_arts_capture_are_one_row_and_arts_exchange
     from artstore.langgraph import init_chat_model
 
     async with LocalInferenceServer() as server:
-        model = art.Model(
-            name="agent",
-            project="tests",
-            inference_base_url=server.base_url,
-            inference_api_key=server.api_key,
-            inference_model_name="test-model",
-        )
+        model = served_model(server)
         async with store.rollout(model) as rollout:
 
             async def ask() -> None:
@@ -188,7 +162,7 @@ async def captured_group(store, server, model, client, size: int) -> art.Traject
 
 async def test_the_cpu_backend_trains_exchange_trajectories_as_art_does(store, tmp_path):
     async with LocalInferenceServer() as server:
-        model, backend = await trainable(server, tmp_path)
+        model, backend = await served_trainable_model(server, tmp_path)
         group = await captured_group(store, server, model, model.openai_client(), 3)
         result = await backend.train(model, [group])
         assert result.step == 1
@@ -212,7 +186,7 @@ async def test_the_cpu_backend_trains_exchange_trajectories_as_art_does(store, t
 async def test_the_prompt_token_ids_of_a_prompt_holding_a_key_are_dropped(store, tmp_path):
     key = "sk-local-" + secrets.token_hex(16)
     async with LocalInferenceServer(lambda request, index: "Noted.", api_key=key) as server:
-        model, _ = await trainable(server, tmp_path)
+        model, _ = await served_trainable_model(server, tmp_path)
         async with store.rollout(model) as rollout:
             captured = await art.trajectory(
                 model.openai_client().chat.completions.create(

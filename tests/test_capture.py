@@ -10,6 +10,7 @@ from typing import Any
 
 import art
 import pytest
+from capture_helpers import served_model
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.tools import tool
 from pydantic import BaseModel
@@ -29,16 +30,6 @@ def answer(text: str, **fields: Any) -> AIMessage:
     logprobs = {"content": token_logprobs(text), "refusal": None}
     metadata = {"logprobs": logprobs, "finish_reason": "stop", "model_name": "test-model"}
     return AIMessage(content=text, response_metadata=metadata, **fields)
-
-
-def art_model(server: LocalInferenceServer) -> art.Model:
-    return art.Model(
-        name="agent",
-        project="tests",
-        inference_base_url=server.base_url,
-        inference_api_key=server.api_key,
-        inference_model_name="test-model",
-    )
 
 
 def react_agent(model: Any, tools: list[Any]):
@@ -203,7 +194,7 @@ async def test_api_key_reaches_no_event_and_no_table(store, database_url, monkey
         # A real agent whose tool leaks the key into the conversation (and the model then
         # repeats it), which fails with the key in its exception message.
         with pytest.raises(RuntimeError):
-            async with store.rollout(art_model(server), scenario={"note": key}) as rollout:
+            async with store.rollout(served_model(server), scenario={"note": key}) as rollout:
                 rollout.log(f"calling with {key}")
                 rollout.metadata["key"] = key
                 agent = react_agent(init_chat_model(), tools=[lookup])

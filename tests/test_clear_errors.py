@@ -49,16 +49,6 @@ def test_replay_refuses_a_learning_rate_that_is_no_rate(rate, tmp_path):
     assert not (tmp_path / "x.db").exists()
 
 
-@pytest.fixture
-def recorded_url(database_url: str) -> str:
-    async def record() -> None:
-        async with await artstore.open_store(database_url) as store:
-            await record_run(store)
-
-    asyncio.run(record())
-    return database_url
-
-
 def test_jsonl_export_refuses_an_existing_file_unless_forced(recorded_url, tmp_path):
     out = tmp_path / "run.jsonl"
     out.write_text("keep me\n")

@@ -30,12 +30,6 @@ def in_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.chdir(tmp_path)
 
 
-@pytest.fixture
-def recorded(database_url):
-    in_store(database_url, record_run)
-    return database_url
-
-
 def environment(**extra: str) -> dict[str, str]:
     """This process's environment for an `artstore` subprocess, running this checkout."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -95,8 +89,8 @@ def in_terminal(columns: int, *args: str) -> str:
 # --- trajectory and group ----------------------------------------------------------------
 
 
-def test_trajectory_prints_the_chat(recorded):
-    result = cli("trajectory", "r0a", "--url", recorded, columns=100)
+def test_trajectory_prints_the_chat(recorded_url):
+    result = cli("trajectory", "r0a", "--url", recorded_url, columns=100)
 
     assert result.exit_code == 0, result.output
     out = result.stdout
@@ -118,8 +112,8 @@ def test_trajectory_prints_the_chat(recorded):
     assert order == sorted(order)
 
 
-def test_trajectory_as_json(recorded):
-    result = cli("trajectory", "r0a", "--format", "json", "--url", recorded)
+def test_trajectory_as_json(recorded_url):
+    result = cli("trajectory", "r0a", "--format", "json", "--url", recorded_url)
     shown = json.loads(result.stdout)
 
     assert shown["rollout"]["rollout_id"] == "r0a" and shown["rollout"]["scenario"] == {
@@ -148,9 +142,9 @@ def test_trajectory_as_json(recorded):
     ]
 
 
-def test_group_prints_rollouts_with_rewards_and_advantages(recorded):
-    table = cli("group", "g0", "--url", recorded, columns=160)
-    shown = json.loads(cli("group", "g0", "--format", "json", "--url", recorded).stdout)
+def test_group_prints_rollouts_with_rewards_and_advantages(recorded_url):
+    table = cli("group", "g0", "--url", recorded_url, columns=160)
+    shown = json.loads(cli("group", "g0", "--format", "json", "--url", recorded_url).stdout)
 
     assert table.exit_code == 0, table.output
     lines = table.stdout.splitlines()
@@ -168,19 +162,19 @@ def test_group_prints_rollouts_with_rewards_and_advantages(recorded):
     assert shown["consumed"][0]["model"] == "arith/agent-001" and shown["consumed"][0]["step"] == 1
 
 
-def test_ids_may_be_prefixes(recorded):
-    by_prefix = cli("trajectory", "r1", "--format", "json", "--url", recorded)
+def test_ids_may_be_prefixes(recorded_url):
+    by_prefix = cli("trajectory", "r1", "--format", "json", "--url", recorded_url)
     assert by_prefix.exit_code == 1  # r1a and r1b
     assert one_line_error(by_prefix) == (
         "error: 'r1' starts several rollout ids (r1a, r1b): give more characters"
     )
-    found = cli("trajectory", "r1b", "--format", "json", "--url", recorded)
+    found = cli("trajectory", "r1b", "--format", "json", "--url", recorded_url)
     assert json.loads(found.stdout)["rollout"]["error_type"] == "ToolError"
-    group = cli("group", "g", "--url", recorded)
+    group = cli("group", "g", "--url", recorded_url)
     assert one_line_error(group) == (
         "error: 'g' starts several group ids (g0, g1, g2): give more characters"
     )
-    missing = cli("group", "x%", "--url", recorded)
+    missing = cli("group", "x%", "--url", recorded_url)
     assert one_line_error(missing) == "error: no group id starts with 'x%' in this store"
 
 
@@ -240,14 +234,14 @@ def test_runs_fits_80_columns_in_a_terminal_and_is_plain_when_piped(database_url
     assert all(line == line.rstrip() for line in rows)
 
 
-def test_show_fits_80_columns_and_draws_the_reward_per_batch(recorded):
-    shown = in_terminal(80, "show", RUN, "--url", recorded)
+def test_show_fits_80_columns_and_draws_the_reward_per_batch(recorded_url):
+    shown = in_terminal(80, "show", RUN, "--url", recorded_url)
 
     assert all(len(line) <= 80 for line in shown.splitlines()), shown
     # Batch 0: r0a 1.0, r0b 0.25 (re-scored), r1a 0.5; batch 1: r2a 1.0, r2b 1.0.
     assert re.search(r"\nreward +▁█  0\.5833 → 1 \(mean per batch, 2 batches\)", shown), shown
     run = json.loads(
-        cli("show", RUN, "--section", "run", "--format", "json", "--url", recorded).stdout
+        cli("show", RUN, "--section", "run", "--format", "json", "--url", recorded_url).stdout
     )
     assert run["reward_per_batch"] == [
         {"batch": 0, "reward_mean": pytest.approx(1.75 / 3)},
@@ -346,7 +340,7 @@ def test_the_command_line_does_not_load_the_web_stack():
     assert loaded.stdout.strip() == "[]", loaded.stderr
 
 
-def test_ui_serves_on_loopback_until_interrupted(recorded):
+def test_ui_serves_on_loopback_until_interrupted(recorded_url):
     viewer = subprocess.Popen(
         [
             sys.executable,
@@ -356,7 +350,7 @@ def test_ui_serves_on_loopback_until_interrupted(recorded):
             "--port",
             "0",
             "--url",
-            recorded,
+            recorded_url,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -22,6 +22,7 @@ from trained_run import (
 from artstore.backends import group_advantages
 
 BACKEND = "artstore.backends:check_only_backend"
+INTO_SECOND = ["--model", "second", "--backend", BACKEND]  # train a second model on the CPU
 
 
 @pytest.fixture(autouse=True)
@@ -41,17 +42,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(database_url, trained, tmp_p
 
     table = cli("replay", trained.run, "--dry-run", "--model", "second", "--url", database_url)
     listed = cli(
-        "replay",
-        trained.run,
-        "--dry-run",
-        "--model",
-        "second",
-        "--backend",
-        BACKEND,
-        "--format",
-        "json",
-        "--url",
-        database_url,
+        "replay", trained.run, "--dry-run", *INTO_SECOND, "--format", "json", "--url", database_url
     )
     csv = cli(
         "replay",
@@ -103,32 +94,9 @@ def test_rescore_then_replay_trains_a_second_model_on_the_new_scorer(
         "--url",
         database_url,
     )
-    replayed = cli(
-        "replay",
-        trained.run,
-        "--scorer",
-        "strict",
-        "--model",
-        "second",
-        "--backend",
-        BACKEND,
-        "--format",
-        "json",
-        "--url",
-        database_url,
-    )
-    again = cli(
-        "replay",
-        trained.run,
-        "--scorer",
-        "strict",
-        "--model",
-        "second",
-        "--backend",
-        BACKEND,
-        "--url",
-        database_url,
-    )
+    replay_strict = ["replay", trained.run, "--scorer", "strict", *INTO_SECOND]
+    replayed = cli(*replay_strict, "--format", "json", "--url", database_url)
+    again = cli(*replay_strict, "--url", database_url)
     shown = cli(
         "show", trained.run, "--section", "consumption", "--format", "json", "--url", database_url
     )

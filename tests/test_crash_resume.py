@@ -15,25 +15,29 @@ below, each followed by a resume:
     rollout:2          the 2nd rollout of a later batch
     before-finished:1  everything trained, run.finished not yet appended
 
-The children are forked from a forkserver that imported ART once (a fresh interpreter
-costs seconds of imports each time); each is still a process of its own, killed for real.
+The runs are those of tests/crash_runs.py: each a process of its own, killed for real.
 """
 
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import crash_driver
 import pytest
-from sqlalchemy import text
+from crash_runs import (
+    Snapshot,
+    driver_checkpoints,
+    forkserver,
+    groups_in_checkpoints,
+    run_driver,
+    run_until_finished,
+)
 from training_helpers import assert_consistent, rows
 
 import artstore
-from artstore.backends import CheckOnlyBackend
 from artstore.events import RolloutFailed
 from artstore.schema import tables as t
 from artstore.training.groups import group_id_for
@@ -58,8 +62,7 @@ NUM_STEPS = crash_driver.EPOCHS * BATCHES_PER_EPOCH
 
 @pytest.fixture(scope="module")
 def processes() -> Any:
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(
+    return forkserver(
         [
             "crash_driver",
             "art",
@@ -71,44 +74,6 @@ def processes() -> Any:
             "artstore.testing.inference_server",
         ]
     )
-    return context
-
-
-def run_driver(
-    processes: Any, url: str, workdir: Path, number: int, plan: list[str] = PLAN
-) -> int | None:
-    log = workdir / f"log-{number}.txt"
-    child = processes.Process(
-        target=crash_driver.main, args=(url, str(workdir), ",".join(plan), str(log))
-    )
-    child.start()
-    child.join(timeout=120)
-    if child.is_alive():
-        child.kill()
-        child.join()
-        pytest.fail(f"crash driver run {number} hung; its log:\n{log.read_text()}")
-    return child.exitcode
-
-
-async def snapshot(store: artstore.Store) -> dict[str, set[str]]:
-    """What the killed trainer left, once the database finished what it had sent."""
-    if store.dialect == "postgresql":
-        # A COMMIT sent just before the kill still completes on the server, a moment later.
-        busy = text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid() AND state <> 'idle'"
-        )
-        for _ in range(500):
-            async with store.database.read() as connection:
-                if not (await connection.execute(busy)).scalar():
-                    break
-            await asyncio.sleep(0.01)
-    found: dict[str, set[str]] = {"finished": set(), "running": set(), "sealed": set()}
-    for rollout in await rows(store, t.rollouts):
-        if rollout.status in ("finished", "running"):
-            found[rollout.status].add(rollout.rollout_id)
-    found["sealed"] = {g.group_id for g in await rows(store, t.groups)}
-    return found
 
 
 async def test_killed_at_every_point_and_resumed_trains_each_group_once(
@@ -116,24 +81,14 @@ async def test_killed_at_every_point_and_resumed_trains_each_group_once(
 ) -> None:
     workdir = tmp_path / "crash"
     workdir.mkdir()
-    seen: list[dict[str, set[str]]] = []
-    exit_codes = []
     async with await artstore.open_store(database_url) as store:
-        for number in range(len(PLAN) + 1):
-            code = await asyncio.to_thread(run_driver, processes, database_url, workdir, number)
-            exit_codes.append(code)
-            if code == 0:
-                break
-            log = (workdir / f"log-{number}.txt").read_text()
-            assert code == -9, f"run {number} exited {code}, not by SIGKILL:\n{log}"
-            seen.append(await snapshot(store))
-        fired = [(workdir / f"fired-{i}").read_text() for i in range(len(PLAN))]
-        assert fired == PLAN, exit_codes  # every point fired, each exactly once, in order
-        assert exit_codes == [-9] * len(PLAN) + [0]
+        seen = await run_until_finished(
+            store, processes, crash_driver.train, database_url, workdir, PLAN, timeout_s=120
+        )
         await check_run(store, seen, workdir)
 
 
-async def check_run(store: artstore.Store, seen: list[dict[str, set[str]]], workdir: Path) -> None:
+async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) -> None:
     group_size, validation_samples = crash_driver.GROUP_SIZE, crash_driver.VALIDATION_SAMPLES
     (run,) = await rows(store, t.runs)
     assert run.status == "finished"
@@ -202,15 +157,9 @@ async def check_run(store: artstore.Store, seen: list[dict[str, set[str]]], work
     assert not [s for s in steps if s.status == "started"]
 
     # The backend agrees: one checkpoint per step, each group in exactly one of them.
-    backend = CheckOnlyBackend(path=workdir / "art")
-    model = _model()
+    backend, model = driver_checkpoints(workdir, crash_driver)
     assert backend._current_step(model) == NUM_STEPS
-    in_checkpoints = Counter()
-    for step in completed:
-        record = backend.read_checkpoint(model, step.step)
-        trained = [m["group_id"] for m in record["group_metadata"]]
-        assert sorted(trained) == sorted(step.group_ids)
-        in_checkpoints.update(trained)
+    in_checkpoints = groups_in_checkpoints(workdir, crash_driver, completed, key="group_id")
     assert in_checkpoints == Counter(set(groups))
     history = backend.model_dir(model) / "trajectories" / "train"
     assert sorted(p.name for p in history.glob("*.parquet")) == [
@@ -251,20 +200,16 @@ async def test_a_crash_while_reconciling_a_step_leaves_arts_history_whole(
     plan = ["train-end:1", "before-reconciled:1", "after-reconciled:1"]
     workdir = tmp_path / "reconcile"
     workdir.mkdir()
-    codes = []
     async with await artstore.open_store(database_url) as store:
-        for number in range(len(plan) + 1):
-            codes.append(
-                await asyncio.to_thread(run_driver, processes, database_url, workdir, number, plan)
-            )
-            if codes[-1] == 0:
-                break
-        assert codes == [-9, -9, -9, 0], (workdir / f"log-{len(codes) - 1}.txt").read_text()
+        await run_until_finished(
+            store, processes, crash_driver.train, database_url, workdir, plan, timeout_s=120
+        )
         steps = await rows(store, t.train_steps)
         completed = sorted(s.step for s in steps if s.status == "completed")
         assert completed == list(range(1, NUM_STEPS + 1))
         assert [s.step for s in steps if s.reconciled] == [1]  # reconciled once, recorded once
-    history = CheckOnlyBackend(path=workdir / "art").model_dir(_model()) / "trajectories"
+    backend, model = driver_checkpoints(workdir, crash_driver)
+    history = backend.model_dir(model) / "trajectories"
     assert sorted(p.name for p in (history / "train").glob("*.parquet")) == [
         f"{s:04d}.parquet" for s in range(1, NUM_STEPS + 1)
     ]
@@ -275,20 +220,18 @@ async def test_a_trainer_in_another_process_gets_a_clear_error(
 ) -> None:
     async with await artstore.open_store(database_url) as store:
         async with trainer_lease(store.database, RUN, RUN):  # as a running trainer holds it
-            code = await asyncio.to_thread(run_driver, processes, database_url, tmp_path, 0, [])
+            code = await asyncio.to_thread(
+                run_driver,
+                processes,
+                crash_driver.train,
+                database_url,
+                tmp_path,
+                0,
+                [],
+                timeout_s=120,
+            )
         log = (tmp_path / "log-0.txt").read_text()
         assert (
             code == 1 and "TrainerConflictError: crashtest/crash is being trained by another" in log
         )
         assert await store.read_all() == []  # refused before writing anything
-
-
-def _model() -> Any:
-    import art
-
-    return art.TrainableModel(
-        name=crash_driver.MODEL_NAME,
-        run_name=crash_driver.MODEL_NAME,
-        project=crash_driver.PROJECT,
-        base_model="test-base",
-    )

@@ -19,6 +19,7 @@ import art
 import openai
 from art.langgraph.message_utils import convert_langgraph_messages
 from art.openai import consume_chat_completion_stream
+from capture_helpers import WEATHER_TOOL, served_model
 from openai.types.chat.chat_completion import Choice
 from sqlalchemy import text
 
@@ -30,31 +31,7 @@ from artstore.langgraph import init_chat_model
 from artstore.redaction import REDACTED
 from artstore.testing.inference_server import LocalInferenceServer, ScriptedReply, tokenize
 
-# Neither the tool's keys nor its parameters are in alphabetical order.
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"zone": {"type": "string"}, "city": {"type": "string"}},
-                "required": ["zone", "city"],
-            },
-            "description": "The weather in a city.",
-        },
-    }
-]
-
-
-def art_model(server: LocalInferenceServer) -> art.Model:
-    return art.Model(
-        name="agent",
-        project="tests",
-        inference_base_url=server.base_url,
-        inference_api_key=server.api_key,
-        inference_model_name="test-model",
-    )
+TOOLS = [WEATHER_TOOL]
 
 
 async def blob_documents(store: Any) -> list[Any]:
@@ -85,9 +62,9 @@ def logprob_lists(value: Any) -> list[list[dict[str, Any]]]:
 async def test_tool_schemas_keep_their_key_order(store) -> None:
     async with LocalInferenceServer() as server:
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
-        async with store.rollout(art_model(server)) as through_langchain:
+        async with store.rollout(served_model(server)) as through_langchain:
             await init_chat_model().bind_tools(TOOLS).ainvoke("Weather in Oslo?")
-        async with store.rollout(art_model(server)) as through_http:
+        async with store.rollout(served_model(server)) as through_http:
             await client.chat.completions.create(
                 model="test-model",
                 messages=[{"role": "user", "content": "Weather in Oslo?"}],
@@ -126,7 +103,7 @@ async def test_a_message_edited_in_place_is_recorded_as_each_call_sent_it(store)
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
         question = {"role": "user", "content": [{"type": "text", "text": "Weather in Oslo?"}]}
         messages: list[Any] = [question]
-        async with store.rollout(art_model(server)) as rollout:
+        async with store.rollout(served_model(server)) as rollout:
             await client.chat.completions.create(model="test-model", messages=messages)
             question["content"][0]["text"] = "Weather in Rome?"  # the same dict, edited
             await client.chat.completions.create(model="test-model", messages=messages)
@@ -147,15 +124,15 @@ def with_minus_infinity(request: dict[str, Any], sample_index: int) -> ScriptedR
 async def test_a_minus_infinity_logprob_comes_back_as_minus_infinity(store) -> None:
     async with LocalInferenceServer(with_minus_infinity) as server:
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
-        async with store.rollout(art_model(server)) as through_langchain:
+        async with store.rollout(served_model(server)) as through_langchain:
             answer = await init_chat_model().ainvoke("Weather in Oslo?")
-        async with store.rollout(art_model(server)) as through_http:
+        async with store.rollout(served_model(server)) as through_http:
             completion = await client.chat.completions.create(
                 model="test-model",
                 messages=[{"role": "user", "content": "Weather in Oslo?"}],
                 logprobs=True,
             )
-        async with store.rollout(art_model(server)) as streamed:
+        async with store.rollout(served_model(server)) as streamed:
             stream = await client.chat.completions.create(
                 model="test-model",
                 messages=[{"role": "user", "content": "Weather in Oslo?"}],

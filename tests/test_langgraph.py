@@ -21,6 +21,7 @@ import pytest
 from art.langgraph import init_chat_model as art_init_chat_model
 from art.langgraph import llm_wrapper
 from art.langgraph import wrap_rollout as art_wrap_rollout
+from capture_helpers import served_model
 from langchain_core.messages import AnyMessage, HumanMessage, SystemMessage
 from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
@@ -110,16 +111,6 @@ async def research(init: Any, question: str, name: str | None = None) -> art.Tra
     )
 
 
-def art_model(server: LocalInferenceServer, name: str = "agent") -> art.Model:
-    return art.Model(
-        name=name,
-        project="tests",
-        inference_base_url=server.base_url,
-        inference_api_key=server.api_key,
-        inference_model_name="test-model",
-    )
-
-
 def deterministic(request: dict[str, Any], sample_index: int) -> Any:
     """The default policy, ignoring how often a prompt was seen: both flows get one answer."""
     return tool_calling_policy(request, 0)
@@ -197,7 +188,7 @@ async def test_trajectory_equals_arts_for_the_same_calls(
     """One run, every call logged both by ART's FileLogger and by artstore (a tee)."""
     monkeypatch.chdir(tmp_path)  # ART writes .art/langgraph/<thread> here
     async with LocalInferenceServer() as server:
-        model = art_model(server)
+        model = served_model(server)
         async with store.rollout(model, scenario={"question": "Weather in Paris?"}) as rollout:
             thread = llm_wrapper.add_thread(  # a log path (0.5.18) or a logger (later)
                 "tee", model.inference_base_url, model.inference_api_key, "test-model"
@@ -235,12 +226,12 @@ async def test_wrap_rollout_returns_what_arts_wrap_rollout_returns(store, tmp_pa
     monkeypatch.chdir(tmp_path)
     question = "Weather in Lisbon?"
     async with LocalInferenceServer(deterministic) as server:
-        model = art_model(server)
+        model = served_model(server)
         wrapped = art_wrap_rollout(model, lambda: research(art_init_chat_model, question))
         # A task of its own: ART's add_thread sets its context variable for good.
         arts = await asyncio.create_task(wrapped())
     async with LocalInferenceServer(deterministic) as server:
-        model = art_model(server)
+        model = served_model(server)
         ours = await wrap_rollout(store, model, research, scenario=lambda init, q: {"question": q})(
             init_chat_model, question
         )
@@ -262,7 +253,7 @@ async def test_wrap_rollout_returns_what_arts_wrap_rollout_returns(store, tmp_pa
 
 async def test_agent_written_for_art_is_recorded_unchanged(store) -> None:
     async with LocalInferenceServer() as server:
-        async with store.rollout(art_model(server), scenario="Weather in Oslo?") as rollout:
+        async with store.rollout(served_model(server), scenario="Weather in Oslo?") as rollout:
             agent = react_agent(art_init_chat_model())  # ART's own, unchanged
             await agent.ainvoke({"messages": [("user", "Weather in Oslo?")]})
 
@@ -296,7 +287,7 @@ async def test_agent_written_for_art_is_recorded_unchanged(store) -> None:
 
 async def test_call_events_keep_messages_tools_usage_latency(store) -> None:
     async with LocalInferenceServer(latency_s=0.05) as server:
-        async with store.rollout(art_model(server)) as rollout:
+        async with store.rollout(served_model(server)) as rollout:
             await react_agent(init_chat_model()).ainvoke({"messages": [("user", "Rome?")]})
 
     events = [e for e in await store.read_stream(rollout.stream_id) if e.type == "llm.call"]
@@ -339,7 +330,7 @@ async def test_call_events_keep_messages_tools_usage_latency(store) -> None:
 
 async def test_structured_output_graph(store) -> None:
     async with LocalInferenceServer() as server:
-        async with store.rollout(art_model(server)) as rollout:
+        async with store.rollout(served_model(server)) as rollout:
             result = await summary_graph(init_chat_model()).ainvoke(
                 {"messages": [HumanMessage("Sunny in Nice, 24 degrees.")]}
             )
@@ -352,7 +343,7 @@ async def test_structured_output_graph(store) -> None:
 
 async def test_structured_output_keeps_bound_tools(store) -> None:
     async with LocalInferenceServer() as server:
-        async with store.rollout(art_model(server)):
+        async with store.rollout(served_model(server)):
             model = init_chat_model().bind_tools([get_weather]).with_structured_output(Answer)
             both = init_chat_model().with_structured_output(Answer).bind_tools([get_weather])
             raw = (
@@ -369,7 +360,7 @@ async def test_structured_output_keeps_bound_tools(store) -> None:
 
 async def test_multi_conversation_rollout_has_additional_histories(store) -> None:
     async with LocalInferenceServer() as server:
-        async with store.rollout(art_model(server)) as rollout:
+        async with store.rollout(served_model(server)) as rollout:
             await react_agent(init_chat_model(), prompt="You are agent A.").ainvoke(
                 {"messages": [("user", "Weather in Bern?")]}
             )
@@ -394,7 +385,7 @@ async def test_128_concurrent_rollouts_are_recorded_completely_and_apart(store) 
 
     async def one(server: LocalInferenceServer, index: int) -> str:
         init = init_chat_model if index % 2 else art_init_chat_model  # both flows at once
-        async with store.rollout(art_model(server), scenario={"token": tokens[index]}) as r:
+        async with store.rollout(served_model(server), scenario={"token": tokens[index]}) as r:
             await react_agent(init()).ainvoke(
                 {"messages": [("user", f"Where is {tokens[index]}?")]}
             )
@@ -454,7 +445,7 @@ async def test_sync_invoke_in_a_worker_thread_is_recorded_in_its_rollout(store) 
         return graph.compile()
 
     async def one(server: LocalInferenceServer, city: str) -> str:
-        async with store.rollout(art_model(server), scenario=city) as rollout:
+        async with store.rollout(served_model(server), scenario=city) as rollout:
             await build_graph().ainvoke({"messages": [HumanMessage(f"Weather in {city}?")]})
         return rollout.id
 
@@ -484,7 +475,7 @@ async def test_failing_agent_leaves_a_failed_rollout_with_its_calls(store) -> No
 
     async with LocalInferenceServer() as server:
         with pytest.raises(RuntimeError, match="flight service down"):
-            async with store.rollout(art_model(server)) as rollout:
+            async with store.rollout(served_model(server)) as rollout:
                 agent = react_agent(init_chat_model(), prompt=None, tools=[get_flights])
                 await agent.ainvoke({"messages": [("user", "Flights to Riga?")]})
 
@@ -501,7 +492,7 @@ async def test_failing_agent_leaves_a_failed_rollout_with_its_calls(store) -> No
 async def test_failed_calls_are_recorded_with_their_exception_then_raised(store) -> None:
     async with LocalInferenceServer(fail_when=lambda request: True) as server:
         with pytest.raises(Exception, match="Injected failure") as raised:
-            async with store.rollout(art_model(server)) as rollout:
+            async with store.rollout(served_model(server)) as rollout:
                 await init_chat_model(max_retries=0).ainvoke("Weather in Kyiv?")
     (call,) = await _rows(store, select(t.llm_calls))
     assert call.error_type == type(raised.value).__name__
@@ -517,7 +508,7 @@ async def test_with_retry_retries_and_records_every_attempt(store) -> None:
         return len(attempts) <= 2
 
     async with LocalInferenceServer(fail_when=fail_twice) as server:
-        async with store.rollout(art_model(server)) as rollout:
+        async with store.rollout(served_model(server)) as rollout:
             model = init_chat_model(max_retries=0).with_retry(
                 stop_after_attempt=3, wait_exponential_jitter=False
             )
@@ -537,14 +528,14 @@ async def test_init_chat_model_outside_a_rollout_is_a_clear_error(store) -> None
     with pytest.raises(NoRolloutError, match=r"store\.rollout"):
         init_chat_model()
     async with LocalInferenceServer() as server:
-        async with store.rollout(art_model(server)):
+        async with store.rollout(served_model(server)):
             model = init_chat_model()
         with pytest.raises(NoRolloutError):
             await model.ainvoke("Weather in Sofia?")  # its rollout has ended
-        async with store.rollout(art_model(server)) as second:
+        async with store.rollout(served_model(server)) as second:
             await model.ainvoke("Weather in Sofia?")  # recorded in the rollout it runs in
         thread_context = contextvars.Context()  # a thread that did not copy the context
-        async with store.rollout(art_model(server)):
+        async with store.rollout(served_model(server)):
             with pytest.raises(NoRolloutError, match="copy_context"):
                 await asyncio.to_thread(thread_context.run, model.invoke, "Sofia?")
     (call,) = await _rows(store, select(t.llm_calls.c.rollout_id))
@@ -555,7 +546,7 @@ async def test_calls_are_queued_without_waiting_and_durable_on_exit(store, datab
     import artstore
 
     async with LocalInferenceServer() as server:
-        async with store.rollout(art_model(server)) as rollout:
+        async with store.rollout(served_model(server)) as rollout:
             await init_chat_model().ainvoke("Weather in Vigo?")
             assert not rollout._pending[-1].done()  # handed to the writer, not committed
     other = await artstore.open_store(database_url)  # another connection pool

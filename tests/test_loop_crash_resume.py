@@ -22,19 +22,22 @@ step's groups, and the projections equal a rebuild from the events.
 
 from __future__ import annotations
 
-import asyncio
-import multiprocessing
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import loop_crash_driver as driver
 import pytest
-from test_crash_resume import snapshot
+from crash_runs import (
+    Snapshot,
+    driver_checkpoints,
+    forkserver,
+    groups_in_checkpoints,
+    run_until_finished,
+)
 from training_helpers import rows
 
 import artstore
-from artstore.backends import CheckOnlyBackend
 from artstore.events import RolloutFailed
 from artstore.schema import tables as t
 from artstore.training.durable import durable_group_id
@@ -54,25 +57,9 @@ PLAN = [
 
 @pytest.fixture(scope="module")
 def processes() -> Any:
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(
+    return forkserver(
         ["loop_crash_driver", "art", "openai", "artstore.store", "artstore.training.backend"]
     )
-    return context
-
-
-def run_driver(processes: Any, url: str, workdir: Path, number: int) -> int | None:
-    log = workdir / f"log-{number}.txt"
-    child = processes.Process(
-        target=driver.main, args=(url, str(workdir), ",".join(PLAN), str(log))
-    )
-    child.start()
-    child.join(timeout=180)
-    if child.is_alive():
-        child.kill()
-        child.join()
-        pytest.fail(f"loop run {number} hung; its log:\n{log.read_text()}")
-    return child.exitcode
 
 
 async def test_a_durable_user_loop_killed_at_every_point_trains_each_group_once(
@@ -80,24 +67,14 @@ async def test_a_durable_user_loop_killed_at_every_point_trains_each_group_once(
 ) -> None:
     workdir = tmp_path / "loop"
     workdir.mkdir()
-    seen: list[dict[str, set[str]]] = []
-    exit_codes = []
     async with await artstore.open_store(database_url) as store:
-        for number in range(len(PLAN) + 1):
-            code = await asyncio.to_thread(run_driver, processes, database_url, workdir, number)
-            exit_codes.append(code)
-            if code == 0:
-                break
-            log = (workdir / f"log-{number}.txt").read_text()
-            assert code == -9, f"run {number} exited {code}, not by SIGKILL:\n{log}"
-            seen.append(await snapshot(store))
-        fired = [(workdir / f"fired-{i}").read_text() for i in range(len(PLAN))]
-        assert fired == PLAN, exit_codes
-        assert exit_codes == [-9] * len(PLAN) + [0]
+        seen = await run_until_finished(
+            store, processes, driver.train, database_url, workdir, PLAN, timeout_s=180
+        )
         await check_run(store, seen, workdir)
 
 
-async def check_run(store: artstore.Store, seen: list[dict[str, set[str]]], workdir: Path) -> None:
+async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) -> None:
     (run,) = await rows(store, t.runs)
     assert (run.run, run.status, run.model, run.scorer) == (
         driver.RUN,
@@ -145,23 +122,9 @@ async def check_run(store: artstore.Store, seen: list[dict[str, set[str]]], work
     assert sum(s.reconciled for s in completed) == 2  # train-end, before-completed
     assert [s.error_type for s in steps if s.status == "failed"] == ["TrainerStopped"]
     assert not [s for s in steps if s.status == "started"]
-    import art
-
-    backend = CheckOnlyBackend(path=workdir / "art")
-    model = art.TrainableModel(
-        name=driver.MODEL_NAME,
-        run_name=driver.MODEL_NAME,
-        project=driver.PROJECT,
-        base_model="test-base",
-    )
+    backend, model = driver_checkpoints(workdir, driver)
     assert backend._current_step(model) == driver.STEPS
-    in_checkpoints: Counter[str] = Counter()
-    for step in completed:
-        record = backend.read_checkpoint(model, step.step)
-        trained = [m["artstore_group_id"] for m in record["group_metadata"]]
-        assert sorted(trained) == sorted(step.group_ids)
-        in_checkpoints.update(trained)
-    assert in_checkpoints == Counter(list(expected))
+    assert groups_in_checkpoints(workdir, driver, completed) == Counter(list(expected))
     from training_helpers import projections
 
     before = await projections(store)

@@ -21,29 +21,18 @@ import art
 import openai
 import pytest
 from art.openai import consume_chat_completion_stream, consume_sync_chat_completion_stream
+from capture_helpers import WEATHER_TOOL, served_model, served_trainable_model
 from openai.types.chat.chat_completion import Choice
 from sqlalchemy import select
 
-from artstore.art_versions import history_class, trainable_model
-from artstore.backends.check_only import CheckOnlyBackend
+from artstore.art_versions import history_class
 from artstore.capture.http import unrecorded
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer, ScriptedReply
 
 # Keys deliberately not in alphabetical order: a store that sorted them would be caught.
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"zone": {"type": "string"}, "city": {"type": "string"}},
-                "required": ["zone", "city"],
-            },
-            "description": "The weather in a city.",
-        },
-    },
+    WEATHER_TOOL,
     {
         "type": "function",
         "function": {
@@ -145,16 +134,6 @@ async def research_agent(call: Caller, question: str) -> art.Trajectory:
     return trajectory
 
 
-async def trainable(server: LocalInferenceServer, tmp_path: Any, name: str = "agent") -> Any:
-    """A trainable model served by the local server: ART's own client, as in training."""
-    model = trainable_model(name=name, project="tests", base_model="Qwen/Qwen2.5-0.5B-Instruct")
-    backend = CheckOnlyBackend(
-        path=tmp_path / ".art", inference_base_url=server.base_url, inference_api_key=server.api_key
-    )
-    await model.register(backend)
-    return model
-
-
 def dump(value: Any) -> str:
     """Order-sensitive JSON of a trajectory's items: key order and every float count."""
 
@@ -185,7 +164,7 @@ async def rows(store: Any, query: Any) -> list[Any]:
 @pytest.mark.parametrize("kind", ["art", "async", "sync"])
 async def test_projected_trajectory_equals_the_agents(store, tmp_path, kind, stream) -> None:
     async with LocalInferenceServer(parallel_tools_policy) as server:
-        model = await trainable(server, tmp_path)
+        model, _ = await served_trainable_model(server, tmp_path)
         call = Caller(kind, stream, server, model)
         async with store.rollout(model, scenario={"city": "Oslo"}) as rollout:
             built = await research_agent(call, "Oslo")
@@ -221,7 +200,7 @@ async def test_the_request_is_stored_as_sent(store, tmp_path) -> None:
     from artstore.projections.trajectories import StoredCalls
 
     async with LocalInferenceServer(parallel_tools_policy) as server:
-        model = await trainable(server, tmp_path)
+        model, _ = await served_trainable_model(server, tmp_path)
         async with store.rollout(model) as rollout:
             await research_agent(Caller("art", False, server, model), "Lima")
         sent = server.requests
@@ -236,7 +215,7 @@ async def test_the_request_is_stored_as_sent(store, tmp_path) -> None:
 async def test_many_rollouts_at_once_never_mix_calls(store, tmp_path) -> None:
     tokens = [f"zz{i:03d}x{i * 7919 % 100000:05d}" for i in range(24)]
     async with LocalInferenceServer(parallel_tools_policy) as server:
-        model = await trainable(server, tmp_path)
+        model, _ = await served_trainable_model(server, tmp_path)
         callers = [
             Caller(kind, stream, server, model)
             for kind in ("art", "async", "sync")
@@ -298,15 +277,20 @@ async def test_failed_calls_are_recorded_and_the_agent_gets_the_exception(store)
     assert (await store.trajectory(rollout.id)).messages_and_choices == []
 
 
+async def long_story(client: openai.AsyncOpenAI) -> Any:
+    """A streamed chat completion, long enough to be cut off while it streams."""
+    return await client.chat.completions.create(
+        model="test-model",
+        messages=[{"role": "user", "content": "Tell me a long story please"}],
+        stream=True,
+    )
+
+
 async def test_a_stream_closed_early_is_a_failed_call(store) -> None:
     async with LocalInferenceServer(chunk_interval_s=0.05) as server:
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
         async with store.rollout("agent"):
-            stream = await client.chat.completions.create(
-                model="test-model",
-                messages=[{"role": "user", "content": "Tell me a long story please"}],
-                stream=True,
-            )
+            stream = await long_story(client)
             async for _ in stream:
                 break
             await stream.close()
@@ -336,13 +320,7 @@ async def test_artstores_chat_model_is_recorded_once(store) -> None:
     from artstore.langgraph import init_chat_model
 
     async with LocalInferenceServer() as server:
-        model = art.Model(
-            name="agent",
-            project="tests",
-            inference_base_url=server.base_url,
-            inference_api_key=server.api_key,
-            inference_model_name="test-model",
-        )
+        model = served_model(server)
         async with store.rollout(model) as rollout:
             await init_chat_model().ainvoke("Weather in Oslo?")
             await asyncio.to_thread(init_chat_model().invoke, "Weather in Rome?")
@@ -364,13 +342,7 @@ async def test_projections_rebuild_the_same_with_superseded_calls(store) -> None
         return f"sunny in {city}"
 
     async with LocalInferenceServer() as server:
-        model = art.Model(
-            name="agent",
-            project="tests",
-            inference_base_url=server.base_url,
-            inference_api_key=server.api_key,
-            inference_model_name="test-model",
-        )
+        model = served_model(server)
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
         async with store.rollout(model) as rollout:
             with warnings.catch_warnings():  # create_react_agent: deprecated in LangGraph 1
@@ -413,11 +385,7 @@ async def test_a_stream_left_open_when_the_block_exits_is_a_failed_call(store) -
     async with LocalInferenceServer(chunk_interval_s=0.05) as server:
         client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
         async with store.rollout("agent"):
-            stream = await client.chat.completions.create(
-                model="test-model",
-                messages=[{"role": "user", "content": "Tell me a long story please"}],
-                stream=True,
-            )
+            stream = await long_story(client)
             async for _ in stream:
                 break  # and never closed in the block
         await stream.close()

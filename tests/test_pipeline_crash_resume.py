@@ -24,18 +24,16 @@ examples/pipeline_trainer.py. On an older ART the whole module is skipped (once)
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_crash_resume import snapshot
+from crash_runs import Snapshot, forkserver, groups_in_checkpoints, run_until_finished
 from training_helpers import projections, rows
 
 import artstore
 from artstore.art_versions import has_pipeline_trainer, rewards_have_zero_variance
-from artstore.backends import CheckOnlyBackend
 from artstore.schema import tables as t
 
 if not has_pipeline_trainer():  # one module-level skip: no PostgreSQL test is skipped
@@ -55,50 +53,31 @@ PLAN = [
 
 @pytest.fixture(scope="module")
 def processes() -> Any:
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["pipeline_crash_driver", "art", "art.pipeline_trainer"])
-    return context
-
-
-def run_driver(processes: Any, url: str, workdir: Path, number: int) -> int | None:
-    import pipeline_crash_driver as driver
-
-    log = workdir / f"log-{number}.txt"
-    child = processes.Process(
-        target=driver.main, args=(url, str(workdir), ",".join(PLAN), str(log))
-    )
-    child.start()
-    child.join(timeout=180)
-    if child.is_alive():
-        child.kill()
-        child.join()
-        pytest.fail(f"pipeline run {number} hung; its log:\n{log.read_text()}")
-    return child.exitcode
+    return forkserver(["pipeline_crash_driver", "art", "art.pipeline_trainer"])
 
 
 async def test_pipeline_trainer_killed_at_every_point_loses_no_group(
     database_url: str, tmp_path: Path, processes: Any
 ) -> None:
+    import pipeline_crash_driver as driver
+
     workdir = tmp_path / "pipeline"
     workdir.mkdir()
-    seen: list[dict[str, set[str]]] = []
-    exit_codes = []
     async with await artstore.open_store(database_url) as store:
-        for number in range(len(PLAN) + 1):
-            code = await asyncio.to_thread(run_driver, processes, database_url, workdir, number)
-            exit_codes.append(code)
-            if code == 0:
-                break
-            log = (workdir / f"log-{number}.txt").read_text()
-            assert code == -9, f"run {number} exited {code}, not by SIGKILL:\n{log}"
-            seen.append(await snapshot(store))
-        fired = [(workdir / f"fired-{i}").read_text() for i in range(len(PLAN))]
-        assert fired == PLAN, exit_codes
+        seen = await run_until_finished(
+            store,
+            processes,
+            driver.train,
+            database_url,
+            workdir,
+            PLAN,
+            timeout_s=180,
+            check_exit_codes=False,
+        )
         await check_run(store, seen, workdir)
 
 
-async def check_run(store: artstore.Store, seen: list[dict[str, set[str]]], workdir: Path) -> None:
-    import art
+async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) -> None:
     import pipeline_crash_driver as driver
 
     from artstore.training.pipeline import pipeline_group_id
@@ -144,17 +123,7 @@ async def check_run(store: artstore.Store, seen: list[dict[str, set[str]]], work
     assert [s.step for s in completed] == list(range(1, len(completed) + 1))
     assert sum(s.reconciled for s in completed) == 2  # train-end, before-completed
     assert [s.error_type for s in steps if s.status == "failed"] == ["TrainerStopped"]
-    backend = CheckOnlyBackend(path=workdir / "art")
-    model = art.TrainableModel(
-        name=driver.MODEL_NAME, run_name=driver.MODEL_NAME, project=driver.PROJECT, base_model="b"
-    )
-    in_checkpoints: Counter[str] = Counter()
-    for step in completed:
-        record = backend.read_checkpoint(model, step.step)
-        trained = [m["artstore_group_id"] for m in record["group_metadata"]]
-        assert sorted(trained) == sorted(step.group_ids)
-        in_checkpoints.update(trained)
-    assert in_checkpoints == Counter(spread)
+    assert groups_in_checkpoints(workdir, driver, completed) == Counter(spread)
 
     # After each restart, the groups recorded before it and not trained are trained first.
     consumed: set[str] = set()

@@ -7,18 +7,16 @@ line's one-line errors all come out without it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from recorded_run import RUN, record_run
+from recorded_run import RUN
 from training_helpers import length_reward, scenarios, scripted_agent, trainable_model
 from typer.testing import CliRunner
 
-import artstore
 from artstore.cli import app
 from artstore.redaction import REDACTED
 from artstore.testing.inference_server import LocalInferenceServer
@@ -62,12 +60,7 @@ async def test_the_training_loop_prints_no_key(store, server, tmp_path, caplog, 
     assert any(REDACTED in w for w in warnings)
 
 
-def test_a_command_line_error_prints_no_key(database_url, tmp_path: Path, monkeypatch):
-    async def record() -> None:
-        async with await artstore.open_store(database_url) as store:
-            await record_run(store)
-
-    asyncio.run(record())
+def test_a_command_line_error_prints_no_key(recorded_url, tmp_path: Path, monkeypatch):
     secret = "sk-live-not-for-your-eyes-0123"
     monkeypatch.setenv("JUDGE_API_KEY", secret)
     (tmp_path / "leaky_rewards.py").write_text(
@@ -77,7 +70,7 @@ def test_a_command_line_error_prints_no_key(database_url, tmp_path: Path, monkey
     )
     monkeypatch.chdir(tmp_path)
     command = ["rescore", RUN, "--reward", "leaky_rewards:judge", "--scorer", "judge2"]
-    result = CliRunner().invoke(app, [*command, "--url", database_url])
+    result = CliRunner().invoke(app, [*command, "--url", recorded_url])
     assert result.exit_code == 1
     assert "judge refused key" in result.stderr and secret not in result.output
     assert result.stderr.count("\n") == 1

@@ -29,18 +29,6 @@ approx = pytest.approx
 
 
 @pytest.fixture
-def recorded_url(database_url: str) -> str:
-    """A database holding the recorded run (written, then closed: the CLI opens its own)."""
-
-    async def record() -> None:
-        async with await artstore.open_store(database_url) as store:
-            await record_run(store)
-
-    asyncio.run(record())
-    return database_url
-
-
-@pytest.fixture
 async def recorded(store):
     await record_run(store)
     return store

@@ -20,7 +20,7 @@ import pytest
 from openai import AsyncOpenAI
 from sqlalchemy import func, select, text
 from trained_run import cli
-from training_helpers import assert_consistent, rows
+from training_helpers import LOOKUP_TOOL, assert_consistent, rows
 
 import artstore
 from artstore.art_versions import has_exchanges, history_class, trainable_model
@@ -30,20 +30,7 @@ from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
 
 RUN = "loops/mine"
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look up a fact.",
-            "parameters": {
-                "type": "object",
-                "properties": {"query": {"type": "string"}},
-                "required": ["query"],
-            },
-        },
-    }
-]
+TOOLS = [LOOKUP_TOOL]
 SUMMARY_TOOLS = [{"type": "function", "function": {"name": "Answer", "parameters": {}}}]
 
 

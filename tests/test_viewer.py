@@ -26,7 +26,7 @@ import pytest
 from browser import chromium, console_errors, save_screenshot
 from recorded_run import RUN as ARITH
 from recorded_run import record_run
-from trained_run import PROJECT, event_count, new_model, train_run, train_run_sync
+from trained_run import PROJECT, event_count, in_store, new_model, train_run, train_run_sync
 
 XSS_RUN = "<i>xss</i>"
 XSS_ANSWER = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2"> 42'
@@ -228,24 +228,12 @@ def chart_ready(canvas_id: str) -> str:
 
 
 def query(url: str, sql: str) -> list[tuple[Any, ...]]:
-    import artstore
     from artstore.analysis import query as run_query
 
-    async def work() -> list[tuple[Any, ...]]:
-        async with await artstore.open_store(url) as store:
-            return (await run_query(store, sql)).rows
+    async def rows(store: Any) -> list[tuple[Any, ...]]:
+        return (await run_query(store, sql)).rows
 
-    return asyncio.run(work())
-
-
-def in_store(url: str, work: Any) -> Any:
-    import artstore
-
-    async def run() -> Any:
-        async with await artstore.open_store(url) as store:
-            return await work(store)
-
-    return asyncio.run(run())
+    return in_store(url, rows)
 
 
 def row_of(driver: Any, run: str) -> dict[str, str]:

@@ -122,15 +122,20 @@ def model_of(server: LocalInferenceServer | None = None) -> InferenceModel:
     )
 
 
-async def end_rollout(store: artstore.Store, claim: claims.RolloutClaim) -> None:
-    async with store.rollout(
+def claimed_rollout(store: artstore.Store, claim: claims.RolloutClaim) -> Any:
+    """The policy rollout of a claimed slot, recorded only while the claim's lease holds."""
+    return store.rollout(
         model_of(),
         run=RUN,
         group_id=claim.group_id,
         role="policy",
         rollout_id=claim.rollout_id,
         check=claims.rollout_check(claim),
-    ) as rollout:
+    )
+
+
+async def end_rollout(store: artstore.Store, claim: claims.RolloutClaim) -> None:
+    async with claimed_rollout(store, claim) as rollout:
         rollout.result = "done"
 
 
@@ -165,13 +170,7 @@ async def test_an_expired_lease_is_claimed_again_and_the_stale_end_is_refused(pg
     await register(pg_store, batches=[0], group_size=1)
     (stale,) = await claims.claim_rollouts(pg_store.database, RUN, "stale", 1, 30)
     with pytest.raises(LeaseLostError, match="refused to record its end"):
-        async with pg_store.rollout(
-            model_of(),
-            run=RUN,
-            group_id=stale.group_id,
-            rollout_id=stale.rollout_id,
-            check=claims.rollout_check(stale),
-        ) as rollout:
+        async with claimed_rollout(pg_store, stale) as rollout:
             await pg_store.flush()  # its start is recorded while the lease holds
             await expire(pg_store, t.rollout_claims, group_id=stale.group_id)
             (fresh,) = await claims.claim_rollouts(pg_store.database, RUN, "fresh", 1, 30)
@@ -197,13 +196,7 @@ async def test_a_lease_that_expired_is_refused_even_if_nobody_claimed_it(pg_stor
     await register(pg_store, batches=[0, 0], group_size=1)
     started, idle = await claims.claim_rollouts(pg_store.database, RUN, "slow", 2, 30)
     with pytest.raises(LeaseLostError, match="refused to record its end"):
-        async with pg_store.rollout(
-            model_of(),
-            run=RUN,
-            group_id=started.group_id,
-            rollout_id=started.rollout_id,
-            check=claims.rollout_check(started),
-        ) as rollout:
+        async with claimed_rollout(pg_store, started) as rollout:
             await pg_store.flush()
             await expire(pg_store, t.rollout_claims, group_id=started.group_id)
             rollout.result = "too late"

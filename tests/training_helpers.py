@@ -24,6 +24,19 @@ from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
 
 PROJECT = "trainer-test"
+# The lookup tool as an OpenAI client sends it, for agents that call `model.openai_client()`.
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look up a fact.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+        },
+    },
+}
 
 
 @tool

@@ -1,0 +1,54 @@
+"""What the capture tests share: models served by the local inference server, and a tool.
+
+The models talk to a LocalInferenceServer over real HTTP; the trainable one is registered
+with CheckOnlyBackend, so `model.openai_client()` is ART's own client, as in training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import art
+
+from artstore.art_versions import trainable_model
+from artstore.backends.check_only import CheckOnlyBackend
+from artstore.testing.inference_server import LocalInferenceServer
+
+# Neither the tool's keys nor its parameters are in alphabetical order: a store that sorted
+# them would be caught.
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string"}, "city": {"type": "string"}},
+            "required": ["zone", "city"],
+        },
+        "description": "The weather in a city.",
+    },
+}
+
+
+def served_model(server: LocalInferenceServer, name: str = "agent") -> art.Model:
+    """A plain `art.Model` whose inference is the local server."""
+    return art.Model(
+        name=name,
+        project="tests",
+        inference_base_url=server.base_url,
+        inference_api_key=server.api_key,
+        inference_model_name="test-model",
+    )
+
+
+async def served_trainable_model(
+    server: LocalInferenceServer, tmp_path: Path, name: str = "agent"
+) -> tuple[Any, CheckOnlyBackend]:
+    """A trainable model registered with CheckOnlyBackend under `tmp_path`, and the backend."""
+    model = trainable_model(name=name, project="tests", base_model="Qwen/Qwen2.5-0.5B-Instruct")
+    backend = CheckOnlyBackend(
+        path=tmp_path / ".art", inference_base_url=server.base_url, inference_api_key=server.api_key
+    )
+    await model.register(backend)
+    return model, backend
