@@ -10,6 +10,7 @@ Importing artstore is quick: ART (slow to import) is loaded only where it is use
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 # LiteLLM (imported by ART) fetches a price map from the network at import unless told not to.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -21,14 +22,23 @@ from artstore.errors import (
     SchemaTooNewError,
     WrongExpectedVersionError,
 )
-from artstore.eventstore import ANY, NO_STREAM, AppendResult, RecordedEvent
-from artstore.store import Store, open_store
+
+if TYPE_CHECKING:
+    from artstore.eventstore import ANY, NO_STREAM, AppendResult, RecordedEvent
+    from artstore.store import Store, open_store
 
 __version__ = "0.1.0"
 
 _TRAINING = {"TrainingFramework", "TrainingConfig", "train", "RunSummary"}
 # Training on a store that holds runs: functions that take the store.
 _ON_A_STORE = {
+    # The store itself (SQLAlchemy): not for `artstore --help`.
+    "ANY": "artstore.eventstore",
+    "NO_STREAM": "artstore.eventstore",
+    "AppendResult": "artstore.eventstore",
+    "RecordedEvent": "artstore.eventstore",
+    "Store": "artstore.store",
+    "open_store": "artstore.store",
     "replay": "artstore.training.replay",
     "rescore": "artstore.training.rescore",
     # Loops of your own: ART's objects in and out, train steps, runs.

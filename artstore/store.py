@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import select
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError
 
 from artstore.errors import DatabaseUnavailableError, NotFoundError
@@ -173,7 +174,11 @@ async def latest_rewards(
 
 
 async def open_store(
-    url: str | None = None, *, migrate_schema: bool = True, read_only: bool = False
+    url: str | None = None,
+    *,
+    migrate_schema: bool = True,
+    read_only: bool = False,
+    create: bool = True,
 ) -> Store:
     """Open the store at `url`, `$ARTSTORE_URL`, or `.artstore/artstore.db` here.
 
@@ -186,14 +191,21 @@ async def open_store(
     read-only (read-only media work, writers are never waited for), PostgreSQL sessions
     are read-only; a missing database, another application's, or one that needs
     `artstore db upgrade` is a clear error, and appending raises ReadOnlyStoreError.
+
+    `create=False` opens an existing store for writing (what `artstore rescore` and
+    `replay` do): a missing SQLite file or an empty database is the same clear error as
+    for reading, and nothing is created; an artstore store is still migrated.
     """
-    database = connect(resolve_url(url, create_folder=not read_only), read_only=read_only)
+    resolved = resolve_url(url, create_folder=create and not read_only)
+    if not create and not read_only:
+        _require_sqlite_file(resolved)
+    database = connect(resolved, read_only=read_only)
     try:
         await database.check_reachable()
         if read_only:
             await check_readable(database)
         else:
-            await prepare_schema(database, upgrade=migrate_schema)
+            await prepare_schema(database, upgrade=migrate_schema, create=create)
     except BaseException:
         await database.dispose()
         raise
@@ -214,12 +226,26 @@ async def check_readable(database: Database) -> str:
         ) from None
 
 
-async def prepare_schema(database: Database, *, upgrade: bool) -> str | None:
-    """Check the schema revision and migrate to head when allowed; returns the revision."""
+def _require_sqlite_file(url: URL) -> None:
+    """Refuse a SQLite URL whose file does not exist (connecting would create it)."""
+    if url.get_backend_name() != "sqlite":
+        return
+    path = Path(url.database or "")
+    if not path.is_file():
+        folder = " (it is a folder)" if path.is_dir() else ""
+        raise NotFoundError(f"no artstore database at {path}{folder}")
+
+
+async def prepare_schema(database: Database, *, upgrade: bool, create: bool = True) -> str | None:
+    """Check the schema revision and migrate to head when allowed; returns the revision.
+
+    `create=False`: an empty (or foreign) database is refused, never given the schema."""
 
     async def work(connection) -> str | None:
         await database.lock_migrations(connection)
         found = await connection.run_sync(migrate.check_revision, upgrade_allowed=upgrade)
+        if found is None and not create:
+            await connection.run_sync(migrate.check_readable, database.location)
         if upgrade and found != migrate.head_revision():
             await connection.run_sync(migrate.upgrade)
         return await connection.run_sync(migrate.current_revision)

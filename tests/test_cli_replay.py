@@ -194,6 +194,7 @@ def test_a_malformed_backend_is_one_line_and_trains_nothing(database_url):
 
 
 def test_unknown_run_and_missing_backend_are_clear_errors(database_url, tmp_path):
+    in_store(database_url, event_count)  # a store, holding no run (no store: test_cli_no_store)
     unknown = cli("replay", "nope", "--dry-run", "--url", database_url, columns=40)
     assert unknown.exit_code == 1
     assert "no run 'nope' in this store" in one_line_error(unknown)

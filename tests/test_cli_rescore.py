@@ -172,6 +172,7 @@ def test_a_malformed_reward_is_a_usage_error(database_url):
 
 
 def test_unknown_run_is_a_clear_error(database_url):
+    in_store(database_url, event_count)  # a store, holding no run (no store: test_cli_no_store)
     result = cli(
         "rescore",
         "nope",

@@ -10,7 +10,6 @@ import typer
 
 from artstore.cli.output import OutputFormat, print_rows
 from artstore.cli.shared import UrlOption, console, err_console, run
-from artstore.urls import redact, resolve_url
 
 
 def demo(
@@ -105,6 +104,8 @@ def demo(
         "LocalBackend on a GPU trains the same loop for real.",
         highlight=False,
     )
+    from artstore.urls import redact, resolve_url  # SQLAlchemy: not for `artstore --help`
+
     name = result.run
     url_part = ""
     if url:  # a password stays out of the output: point at the variable instead

@@ -8,13 +8,14 @@ artstore import run.jsonl --url postgresql://...
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from artstore.cli.shared import UrlOption, console, err_console, fail, run
+from artstore.cli.shared import UrlOption, console, err_console, fail, run, say_error
 
 
 class ExportFormat(StrEnum):
@@ -140,6 +141,8 @@ def import_(
     not validate, or clashes with what the store holds, imports nothing.
     """
 
+    _check_readable_input(path)
+
     async def work() -> None:
         import artstore
         from artstore.art_versions import has_exchanges
@@ -190,6 +193,18 @@ def import_(
             )
 
     run(work)
+
+
+def _check_readable_input(path: Path) -> None:
+    """Refuse an input that cannot be read before the store is opened (or created)."""
+    problem = None
+    if not path.exists():
+        problem = f"no such file or directory: {path}"
+    elif not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+        problem = f"cannot read {path}: permission denied"
+    if problem is not None:
+        say_error(problem)
+        raise typer.Exit(1)
 
 
 def _count(n: int, noun: str) -> str:

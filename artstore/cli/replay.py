@@ -97,7 +97,13 @@ def replay(
         from artstore.training.replay import replay, run_info
 
         found = find_backend(backend) if backend is not None else None
-        async with await artstore.open_store(url) as store:
+        # A plan only reads; training needs a store that exists (nothing is created).
+        opened = (
+            artstore.open_store(url, read_only=True)
+            if dry_run
+            else artstore.open_store(url, create=False)
+        )
+        async with await opened as store:
             info = await run_info(store, run_name)
             trainable = _trainable_model(info, model, project, base_model)
             loaded = await make_backend(found, backend) if backend is not None else None

@@ -64,7 +64,7 @@ def rescore(
         from artstore.training.rescore import rescore as rescore_run
 
         function = load_reward_function(reward)
-        async with await artstore.open_store(url) as store:
+        async with await artstore.open_store(url, create=False) as store:
             info = await run_info(store, run_name)
             # What reward functions print (RULER warns on stdout) goes to stderr, so that
             # stdout holds only the rows (`--format json` stays parseable).

@@ -104,8 +104,9 @@ class Database:
 
     @property
     def display_url(self) -> str:
-        """The URL with its password hidden, for messages."""
-        return redact(self.url)
+        """The URL with its password hidden, for messages: without the async driver artstore
+        picked (postgresql://..., as a user writes it, not postgresql+asyncpg://...)."""
+        return redact(self.url.set(drivername=self.url.get_backend_name()))
 
     @property
     def location(self) -> str:
@@ -164,6 +165,8 @@ class Database:
         try:
             async with self.read() as connection:
                 await connection.execute(text("SELECT 1"))
+        except DatabaseUnavailableError:  # said already, by open_connection
+            raise
         except Exception as exc:  # any driver or socket error means the same to the user
             raise DatabaseUnavailableError(
                 f"cannot reach the database at {self.display_url}: "

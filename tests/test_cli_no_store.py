@@ -1,0 +1,77 @@
+"""Reading never writes, and a mistake creates nothing: commands given no store, or a bad
+input, leave no SQLite file and no tables in an empty PostgreSQL database; and an
+unreachable database is named once, as a user writes its URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from trained_run import cli, one_line_error
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+
+
+def tables(database_url: str) -> set[str]:
+    """The tables of the database at `database_url` (none for a SQLite file not there)."""
+    from sqlalchemy import create_engine, inspect
+
+    if database_url.startswith("sqlite"):
+        if not Path(database_url.removeprefix("sqlite:///")).exists():
+            return set()
+        engine = create_engine(database_url)
+    else:
+        engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with engine.connect() as connection:
+            return set(inspect(connection).get_table_names())
+    finally:
+        engine.dispose()
+
+
+MISTAKES = [
+    (["replay", "demo-1", "--dry-run"], 1),
+    (["replay", "demo-1", "--backend", "artstore.backends:check_only_backend"], 1),
+    (["rescore", "demo-1", "--reward", "artstore.demo:strict_reward", "--scorer", "s"], 1),
+    (["import", "nofile.jsonl"], 1),
+]
+
+
+def test_mistakes_create_nothing(database_url: str, tmp_path: Path) -> None:
+    for args, status in MISTAKES:
+        result = cli(*args, "--url", database_url)
+        assert result.exit_code == status, (args, result.output)
+        message = one_line_error(result)
+        if args[0] == "import":
+            assert "no such file or directory: nofile.jsonl" in message
+        else:
+            assert "no artstore database at" in message or "the database is empty" in message, (
+                message
+            )
+        assert tables(database_url) == set(), args
+    assert not (tmp_path / "artstore.db").exists()
+
+
+def test_the_default_store_is_not_created(tmp_path: Path) -> None:
+    for args, _ in MISTAKES:
+        result = cli(*args)
+        assert result.exit_code == 1, (args, result.output)
+        assert not (tmp_path / ".artstore").exists(), args
+
+
+def test_an_unreachable_database_is_named_once(postgres_url: str) -> None:
+    from sqlalchemy.engine import make_url
+
+    missing = make_url(postgres_url).set(database="no_such_db_for_artstore", password="s3cret")
+    typed = missing.render_as_string(hide_password=False)
+    result = cli("runs", "--url", typed)
+    assert result.exit_code == 1
+    message = one_line_error(result)
+    shown = missing.render_as_string(hide_password=True)
+    assert shown.startswith("postgresql://")
+    assert message.startswith(f"error: cannot reach the database at {shown}: "), message
+    assert message.count("cannot reach") == 1 and "asyncpg" not in message
+    assert "s3cret" not in message
