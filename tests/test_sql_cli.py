@@ -97,6 +97,18 @@ def test_prints_csv(recorded_url):
     ]
 
 
+def test_a_query_may_begin_with_a_comment(recorded_url):
+    # As the README's SQL blocks do: `artstore sql "-- ...` must not be taken for an option.
+    result = artstore_sql(
+        recorded_url,
+        "--format",
+        "csv",
+        "-- the groups of g0\nSELECT group_id FROM v_groups WHERE group_id = 'g0' LIMIT 1",
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == ["group_id", "g0"]
+
+
 def test_prints_json(recorded_url):
     result = artstore_sql(
         recorded_url,
