@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
+import time
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -90,3 +92,65 @@ def test_demo_on_postgresql(database_url, tmp_path):
         (2, 3, "completed"),
         (3, 4, "completed"),
     ]
+
+
+def train_steps_recorded(url: str) -> int:
+    shown = cli("show", "demo-1", "--section", "steps", "--format", "json", "--url", url)
+    return len(json.loads(shown.stdout)) if shown.exit_code == 0 else 0
+
+
+def test_an_interrupted_demo_is_resumed_without_training_a_group_twice(database_url, tmp_path):
+    artstore_command = ["artstore", "demo", "--url", database_url]
+    workdir = ["--workdir", str(tmp_path / "work")]
+    demo = subprocess.Popen(
+        [*artstore_command, *workdir], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while train_steps_recorded(database_url) < 1 and demo.poll() is None:
+            assert time.monotonic() < deadline, "the demo trained no step in 5 minutes"
+            time.sleep(0.2)
+        demo.send_signal(signal.SIGINT)  # Ctrl-C, after its first step
+        _, stderr = demo.communicate(timeout=120)
+    finally:
+        demo.kill()
+    assert demo.returncode == 130, stderr
+    assert "`artstore demo --resume demo-1` resumes it where it stopped" in stderr
+
+    resumed = subprocess.run(
+        [*artstore_command, *workdir, "--resume", "demo-1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming demo run demo-1" in resumed.stderr
+    assert "Recorded run demo-1" in resumed.stdout
+    shown = cli("show", "demo-1", "--section", "steps", "--format", "json", "--url", database_url)
+    steps = json.loads(shown.stdout)
+    # Every step once, in order, however far the first process got.
+    assert [(s["step_before"], s["step"], s["status"]) for s in steps] == [
+        (0, 1, "completed"),
+        (1, 2, "completed"),
+        (2, 3, "completed"),
+        (3, 4, "completed"),
+    ]
+    runs = cli("runs", "--format", "json", "--url", database_url)
+    assert [(r["run"], r["status"]) for r in json.loads(runs.stdout)] == [("demo-1", "finished")]
+    groups = cli(
+        "sql",
+        "--url",
+        database_url,
+        "--format",
+        "json",
+        "SELECT group_id, batch, num_consumptions FROM v_groups ORDER BY batch, group_id",
+    )
+    assert groups.exit_code == 0, groups.output
+    sealed = json.loads(groups.stdout)
+    # 2 epochs x 4 questions: each group trained exactly once, in the step of its batch.
+    assert len(sealed) == len({g["group_id"] for g in sealed}) == 8
+    assert [g["num_consumptions"] for g in sealed] == [1] * 8
+
+    unknown = cli("demo", "--url", database_url, "--resume", "demo-9")
+    assert unknown.exit_code == 1
+    assert "no demo run 'demo-9'" in unknown.stderr

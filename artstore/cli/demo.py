@@ -27,6 +27,16 @@ def demo(
     scenarios: Annotated[int, typer.Option(min=1, help="Questions to train on.")] = 4,
     batch_size: Annotated[int, typer.Option(min=1, help="Scenarios per train step.")] = 2,
     group_size: Annotated[int, typer.Option(min=1, help="Rollouts per scenario.")] = 4,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            metavar="RUN",
+            help="Resume a demo run that was interrupted (give the options it was started "
+            "with), instead of starting a new one.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Train a small LangGraph agent offline and record everything (a new run each time).
 
@@ -47,10 +57,12 @@ def demo(
 
     def started(name: str, rollouts: int, steps: int) -> None:
         err_console.print(
-            f"demo run [bold]{name}[/]: {scenarios} questions × {group_size} rollouts, "
+            f"{'resuming ' if resume else ''}demo run [bold]{name}[/]: "
+            f"{scenarios} questions × {group_size} rollouts, "
             f"{epochs} epochs, {steps} train steps",
             highlight=False,
         )
+        tasks["name"] = name
         tasks["rollouts"] = bar.add_task("rollouts", total=rollouts)
         tasks["steps"] = bar.add_task("steps", total=steps)
 
@@ -77,10 +89,19 @@ def demo(
                     on_start=started,
                     on_rollout=lambda: bar.advance(tasks["rollouts"]),
                     on_step=stepped,
+                    resume=resume,
                 )
             return result, await describe_run(store, result.run), store.database.location
 
-    result, described, where = run(work)
+    try:
+        result, described, where = run(work)
+    except typer.Exit as stopped:
+        if stopped.exit_code == 130 and "name" in tasks:  # Ctrl-C: say how to go on
+            err_console.print(
+                f"`artstore demo --resume {tasks['name']}` resumes it where it stopped",
+                highlight=False,
+            )
+        raise
     print_rows(
         [
             {

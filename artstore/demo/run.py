@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from artstore.errors import NotFoundError
 from artstore.schema import tables as t
 
 if TYPE_CHECKING:
@@ -29,16 +30,16 @@ class DemoResult:
     rollouts: int = 0
 
 
+async def demo_runs(store: Store) -> set[str]:
+    """The names of the demo runs recorded in `store`."""
+    async with store.database.read() as connection:
+        rows = await connection.execute(select(t.runs.c.run).where(t.runs.c.run.like("demo-%")))
+        return {name for (name,) in rows if re.fullmatch(r"demo-(\d+)", name)}
+
+
 async def next_run_name(store: Store, art_path: Path) -> str:
     """`demo-N` for the first N whose run and checkpoints do not exist yet."""
-    async with store.database.read() as connection:
-        names = {
-            row.run
-            for row in await connection.execute(
-                select(t.runs.c.run).where(t.runs.c.run.like("demo-%"))
-            )
-        }
-    taken = [int(m.group(1)) for n in names if (m := re.fullmatch(r"demo-(\d+)", n))]
+    taken = [int(name.removeprefix("demo-")) for name in await demo_runs(store)]
     number = max(taken, default=0) + 1
     while (art_path / PROJECT / "models" / f"demo-{number}").exists():
         number += 1
@@ -56,9 +57,12 @@ async def run_demo(
     on_start: Callable[[str, int, int], None] | None = None,
     on_rollout: Callable[[], None] | None = None,
     on_step: Callable[[int], None] | None = None,
+    resume: str | None = None,
 ) -> DemoResult:
     """Train a new demo run into `store`; the backend's state goes to `<workdir>/.art`.
 
+    `resume`: the name of an earlier demo run that stopped before it finished (an
+    interrupted `artstore demo`), resumed where it stopped instead of starting a new run.
     `on_start(run, rollouts, steps)` is called with the totals, `on_rollout()` after each
     rollout, `on_step(step)` after each train step.
     """
@@ -70,7 +74,9 @@ async def run_demo(
     from artstore.training import TrainingConfig, TrainingFramework
 
     art_path = Path(workdir or Path.cwd()).absolute() / ".art"
-    run = await next_run_name(store, art_path)
+    run = resume or await next_run_name(store, art_path)
+    if resume is not None and resume not in await demo_runs(store):
+        raise NotFoundError(f"no demo run {resume!r} in this store")
     scenarios = make_scenarios(num_scenarios)
     config = TrainingConfig(
         epochs=epochs, batch_size=batch_size, group_size=group_size, validation_samples=0
