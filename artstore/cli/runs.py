@@ -46,7 +46,6 @@ def runs(url: UrlOption = None, output: FormatOption = OutputFormat.table) -> No
         output,
         columns=["run", "model", "status", "steps", "groups", "rollouts", "reward", "started"],
         headers={"started": "started (UTC)"},
-        wide=("model",),
         caption="groups: sealed/trained. rollouts: finished/failed. reward: mean of the "
         "latest batch, by the run's scorer. stale: running, but its trainer is gone.",
         empty="no runs in this store (try `artstore demo`)",
@@ -165,7 +164,7 @@ def _show_steps(rows: list[dict[str, Any]]) -> None:
         columns=["model", "steps", "status", "scorer", "in", "reward_mean", "metrics", "error"],
         headers={"in": "groups", "reward_mean": "reward mean"},
         cells={"metrics": _short_metrics},
-        wide=("model", "metrics", "error"),
+        wide=("metrics", "error"),
         empty="none yet",
     )
 
@@ -234,7 +233,7 @@ def _show_consumption(rows: list[dict[str, Any]]) -> None:
             "scorers",
         ],
         headers={"groups_consumed": "groups trained"},
-        wide=("model", "scorers"),
+        wide=("scorers",),
         empty="no group trained yet",
     )
 
