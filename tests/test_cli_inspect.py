@@ -418,3 +418,26 @@ def test_ui_on_a_missing_store_is_one_line(tmp_path):
     result = cli("ui", "--url", f"sqlite:///{tmp_path / 'none.db'}")
     assert result.exit_code == 1
     assert one_line_error(result) == f"error: no artstore database at {tmp_path / 'none.db'}"
+
+
+def test_show_suggests_close_run_names(recorded):
+    result = cli("show", f"{RUN}x", "--url", recorded)
+    assert result.exit_code == 1
+    assert " ".join(result.stderr.split()) == (
+        f"error: no run '{RUN}x' in this store (see `artstore runs`); did you mean {RUN}?"
+    )
+
+
+def test_sql_prints_records_when_the_rows_do_not_fit_80_columns(recorded):
+    shown = in_terminal(80, "sql", "SELECT * FROM v_runs", "--url", recorded)
+
+    assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    [run] = records(shown)
+    assert run["run"] == RUN
+    # Times and numbers whole, on one line each.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(\.\d+)?(\+00:00)?", run["started_at"])
+    assert run["num_rollouts"] == "7"
+    assert "1 row" in shown.splitlines()[-1]
+
+    narrow = in_terminal(80, "sql", "SELECT run, status FROM v_runs", "--url", recorded)
+    assert any(line.split() == [RUN, "│", "failed"] for line in narrow.splitlines()), narrow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -79,10 +80,18 @@ def show(
 
     async def work() -> dict[str, Any]:
         import artstore
-        from artstore.training.overview import describe_run
+        from artstore.errors import NotFoundError
+        from artstore.training.overview import describe_run, list_runs
 
         async with await artstore.open_store(url, read_only=True) as store:
-            return await describe_run(store, run_name)
+            try:
+                return await describe_run(store, run_name)
+            except NotFoundError as exc:
+                names = [row["run"] for row in await list_runs(store)]
+                close = difflib.get_close_matches(run_name, names, n=3)
+                if not close:
+                    raise
+                raise NotFoundError(f"{exc}; did you mean {' or '.join(close)}?") from None
 
     found = run(work)
     wanted = [s.value for s in Section if not section or s in section]
