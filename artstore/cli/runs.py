@@ -144,7 +144,7 @@ def _show_run(run: dict[str, Any]) -> None:
                 "reward",
                 Text(
                     f"{sparkline(rewards)}  {text(rewards[0])} → {text(rewards[-1])} "
-                    f"(mean per batch, {len(rewards)} batches)"
+                    f"(mean per batch, {len(rewards)} batch{'es' if len(rewards) != 1 else ''})"
                 ),
             )
     print_table(table)

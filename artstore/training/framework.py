@@ -414,8 +414,8 @@ class TrainingFramework:
                 summary.final_step = await model.get_step()
                 self._say(
                     f"run {run} finished: model {model_key(model)} at step {summary.final_step}; "
-                    f"this call trained {len(summary.steps_trained)} steps and ran "
-                    f"{summary.rollouts} rollouts ({summary.rollouts_failed} failed)"
+                    f"this call trained {_count(len(summary.steps_trained), 'step')} and ran "
+                    f"{_count(summary.rollouts, 'rollout')} ({summary.rollouts_failed} failed)"
                 )
                 return summary
         finally:
@@ -447,8 +447,9 @@ class TrainingFramework:
             self._say(f"run {run}: resumed, model {model_key(model)} at step {summary.start_step}")
         else:
             self._say(
-                f"run {run}: started; {config.epochs} epochs of {batches_per_epoch} batches "
-                f"({total} train steps), {config.group_size} rollouts per scenario"
+                f"run {run}: started; {_count(config.epochs, 'epoch')} of "
+                f"{_count(batches_per_epoch, 'batch')} ({_count(total, 'train step')}), "
+                f"{_count(config.group_size, 'rollout')} per scenario"
             )
         batches: list[tuple[list[_Place], list[Any]]] = []
         for epoch in range(config.epochs):
@@ -833,3 +834,10 @@ async def train(
         validation_model=val_model,
         run=run,
     )
+
+
+def _count(number: int, noun: str) -> str:
+    """ "1 step", "2 steps", "1 batch", "2 batches"."""
+    if number == 1:
+        return f"1 {noun}"
+    return f"{number} {noun}{'es' if noun.endswith(('ch', 'sh', 's', 'x')) else 's'}"
