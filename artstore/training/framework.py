@@ -448,7 +448,7 @@ class TrainingFramework:
         else:
             self._say(
                 f"run {run}: started; {_count(config.epochs, 'epoch')} of "
-                f"{_count(batches_per_epoch, 'batch')} ({_count(total, 'train step')}), "
+                f"{_count(batches_per_epoch, 'batch', 'batches')} ({_count(total, 'train step')}), "
                 f"{_count(config.group_size, 'rollout')} per scenario"
             )
         batches: list[tuple[list[_Place], list[Any]]] = []
@@ -836,8 +836,6 @@ async def train(
     )
 
 
-def _count(number: int, noun: str) -> str:
-    """ "1 step", "2 steps", "1 batch", "2 batches"."""
-    if number == 1:
-        return f"1 {noun}"
-    return f"{number} {noun}{'es' if noun.endswith(('ch', 'sh', 's', 'x')) else 's'}"
+def _count(number: int, noun: str, nouns: str | None = None) -> str:
+    """ "1 step", "2 steps"; `nouns` where adding an s is wrong ("batches")."""
+    return f"{number} {noun if number == 1 else nouns or noun + 's'}"
