@@ -47,6 +47,27 @@ def artstore(*args: str, **options) -> subprocess.CompletedProcess:
     )
 
 
+def records(shown: str) -> list[dict[str, str]]:
+    """The records a command printed on a narrow terminal: `-[ record N ]-` then
+    `name  value` lines (a value may go on over the next lines)."""
+    found: list[dict[str, str]] = []
+    last, inside = "", False
+    for line in shown.splitlines():
+        if line.startswith("-[ record "):
+            found.append({})
+            inside = True
+        elif not line.strip():
+            inside = False  # a blank line ends the records (a legend may follow)
+        elif inside:
+            name, _, value = line.rstrip().partition("  ")
+            if name.strip():
+                last = name.strip()
+                found[-1][last] = value.strip()
+            else:
+                found[-1][last] += value.strip()
+    return found
+
+
 def in_terminal(columns: int, *args: str) -> str:
     """What `artstore ARGS` shows in a terminal (a pseudo-terminal) `columns` wide."""
     import fcntl
@@ -205,24 +226,29 @@ def test_runs_fits_80_columns_in_a_terminal_and_is_plain_when_piped(database_url
 
     shown = in_terminal(80, "runs", "--url", database_url)
 
+    # Too narrow for the table without cutting a name: one record per run, every value whole.
     lines = shown.splitlines()
     assert all(len(line) <= 80 for line in lines), shown
-    header = next(line for line in lines if line.startswith("run "))
-    assert header.split() == [
-        "run",
-        "model",
-        "status",
-        "steps",
-        "groups",
-        "rollouts",
-        "reward",
-        "started",
-        "(UTC)",
+    runs = records(shown)
+    assert [list(r) for r in runs] == [
+        ["run", "model", "status", "steps", "groups", "rollouts", "reward", "started (UTC)"]
+    ] * len(runs)
+    legs = next(r for r in runs if r["run"] == "legs")
+    assert [legs[k] for k in ("status", "steps", "groups", "rollouts")] == [
+        "finished",
+        "4",
+        "4/4",
+        "12/0",
     ]
-    legs = next(line for line in lines if line.startswith("legs "))
-    assert legs.split()[2:6] == ["finished", "4", "4/4", "12/0"]
-    arith = next(line for line in lines if line.startswith(f"{RUN} "))
-    assert "failed" in arith and "3/2" in arith and "6/1" in arith
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d", legs["started (UTC)"])
+    arith = next(r for r in runs if r["run"] == RUN)
+    assert arith["model"] == "arith/arith/agent-001"
+    assert (arith["status"], arith["groups"], arith["rollouts"]) == ("failed", "3/2", "6/1")
+
+    wide = in_terminal(120, "runs", "--url", database_url)
+    header = next(line for line in wide.splitlines() if line.startswith("run "))
+    assert " ".join(header.split()) == "run model status steps groups rollouts reward started (UTC)"
+    assert any(line.split()[:2] == [RUN, "arith/arith/agent-001"] for line in wide.splitlines())
 
     piped = artstore("runs", "--url", database_url)
     assert piped.returncode == 0, piped.stderr
@@ -301,7 +327,9 @@ def test_a_run_whose_trainer_died_is_stale(database_url):
     )
     assert shown["status"] == "stale"
     table = cli("runs", "--url", database_url, columns=120)
-    assert "stale: running, but its trainer is gone" in " ".join(table.stdout.split())
+    # Piped, the legend goes to stderr: stdout holds only the header and the rows.
+    assert "stale: running, but its trainer is gone" in " ".join(table.stderr.split())
+    assert len(table.stdout.splitlines()) == 2
 
 
 # --- the command itself -------------------------------------------------------------------
@@ -384,3 +412,26 @@ def test_ui_on_a_missing_store_is_one_line(tmp_path):
     result = cli("ui", "--url", f"sqlite:///{tmp_path / 'none.db'}")
     assert result.exit_code == 1
     assert one_line_error(result) == f"error: no artstore database at {tmp_path / 'none.db'}"
+
+
+def test_show_suggests_close_run_names(recorded):
+    result = cli("show", f"{RUN}x", "--url", recorded)
+    assert result.exit_code == 1
+    assert " ".join(result.stderr.split()) == (
+        f"error: no run '{RUN}x' in this store (see `artstore runs`); did you mean {RUN}?"
+    )
+
+
+def test_sql_prints_records_when_the_rows_do_not_fit_80_columns(recorded):
+    shown = in_terminal(80, "sql", "SELECT * FROM v_runs", "--url", recorded)
+
+    assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    [run] = records(shown)
+    assert run["run"] == RUN
+    # Times and numbers whole, on one line each.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(\.\d+)?(\+00:00)?", run["started_at"])
+    assert run["num_rollouts"] == "7"
+    assert "1 row" in shown.splitlines()[-1]
+
+    narrow = in_terminal(80, "sql", "SELECT run, status FROM v_runs", "--url", recorded)
+    assert any(line.split() == [RUN, "│", "failed"] for line in narrow.splitlines()), narrow

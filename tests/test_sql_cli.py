@@ -75,7 +75,9 @@ def test_prints_a_table(recorded_url):
         ["g1", "correct", "0.0", MODEL],
         ["g2", "correct", "0.0", "NULL"],
     ]
-    assert lines[4] == "3 rows"
+    # The count goes to stderr: `| wc -l` counts the header and the rows.
+    assert len(lines) == 4
+    assert result.stderr.strip() == "3 rows"
 
 
 def test_prints_csv(recorded_url):

@@ -130,12 +130,13 @@ def table(
     cells: dict[str, Any] | None = None,
     wide: Sequence[str] = (),
     caption: str | None = None,
-) -> Table:
+) -> Table | None:
     """A rich table of `rows`; `headers` renames columns, `cells` formats some of them.
 
     On a terminal too narrow for it, the table gives up width in this order: the `wide`
     columns (free text, cut with an ellipsis), then long texts (wrapped between words),
-    then headers (wrapped between words). Numbers, ids and short texts are never cut.
+    then headers (wrapped between words). Numbers, ids, names, statuses and times are never
+    cut nor wrapped. None when even that does not fit: print the rows as records instead.
     """
     names = _columns(rows, columns)
     plain = not console.is_terminal
@@ -150,15 +151,8 @@ def table(
         collapse_padding=not plain,  # a rule under the headers, two spaces between columns
         header_style="" if plain else "bold",
     )
-    formatters = cells or {}
-    shown = [
-        [
-            formatters[name](row.get(name)) if name in formatters else text(row.get(name))
-            for name in names
-        ]
-        for row in rows
-    ]
-    titles = [(headers or {}).get(name, name.replace("_", " ")) for name in names]
+    shown = _shown(rows, names, cells)
+    titles = _titles(names, headers)
     specs = []
     for index, name in enumerate(names):
         numeric = any(
@@ -166,16 +160,27 @@ def table(
             for row in rows
         )
         longest = max((len(line) for r in shown for line in r[index].splitlines()), default=0)
-        kind = "wide" if name in wide else "short" if numeric or longest <= _WRAP_ABOVE else "text"
+        # Free text has spaces between words; a value without any (an id, a name, a status)
+        # or a short one (a time, "8/8") is kept whole.
+        spaced = any(" " in r[index] for r in shown)
+        fixed = numeric or longest <= _WRAP_ABOVE or not spaced
+        kind = "wide" if name in wide and not fixed else "short" if fixed else "text"
         specs.append(_ColumnFit(titles[index], longest, kind, numeric))
-    widths = [None] * len(names) if plain else _fit(specs, console.width)
+    if plain:
+        widths: list[int | None] = [None] * len(names)
+    else:
+        fitted = _fit(specs, console.width)
+        if fitted is None:
+            return None
+        widths = fitted
     for spec, width in zip(specs, widths, strict=True):
         result.add_column(
             spec.header,
             justify="right" if spec.numeric else "left",
-            no_wrap=width is None and spec.kind != "text",
-            overflow="fold",
+            no_wrap=spec.kind == "short",
+            overflow="fold" if spec.kind == "text" else "ellipsis",
             width=width,
+            min_width=spec.least if spec.kind == "short" else None,
         )
     for values in shown:
         # Text, not markup: "[...]" in a value (an error message) prints as it is.
@@ -190,10 +195,48 @@ def table(
     return result
 
 
+def _shown(rows: Sequence[Row], names: list[str], cells: dict[str, Any] | None) -> list[list[str]]:
+    formatters = cells or {}
+    return [
+        [
+            formatters[name](row.get(name)) if name in formatters else text(row.get(name))
+            for name in names
+        ]
+        for row in rows
+    ]
+
+
+def _titles(names: list[str], headers: dict[str, str] | None) -> list[str]:
+    return [(headers or {}).get(name, name.replace("_", " ")) for name in names]
+
+
+def print_records(
+    rows: Sequence[Sequence[str | Text]],
+    titles: Sequence[str],
+    *,
+    title: str | None = None,
+    start: int = 1,
+) -> None:
+    """Rows as records, one `column  value` line per column (psql's expanded display), for
+    a terminal too narrow for the table: every value whole, long ones wrapped."""
+    from rich.table import Table as Grid
+
+    if title:
+        console.print(f"[bold]{title}[/]", highlight=False)
+    for number, values in enumerate(rows, start):
+        console.print(f"[dim]-[ record {number} ]-[/]", highlight=False)
+        grid = Grid.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for name, value in zip(titles, values, strict=True):
+            grid.add_row(name, value if isinstance(value, Text) else Text(value))
+        console.print(grid)
+
+
 class _ColumnFit(NamedTuple):
     header: str
     longest: int  # the longest line of its cells
-    kind: str  # "wide" (cut first), "text" (wraps), "short" (never wraps; its header may)
+    kind: str  # "wide" (cut first), "text" (wraps), "short" (never cut; its header may wrap)
     numeric: bool
 
     @property
@@ -210,10 +253,14 @@ class _ColumnFit(NamedTuple):
         return max(word, self.longest, 1)
 
 
-def _fit(specs: list[_ColumnFit], terminal_width: int) -> list[int | None]:
-    """Column widths for a terminal of `terminal_width` (None: the column's own width)."""
+def _fit(specs: list[_ColumnFit], terminal_width: int) -> list[int | None] | None:
+    """Column widths for a terminal of `terminal_width` (None: the column's own width), or
+    None when the table cannot fit without cutting a value that must stay whole."""
     widths = [spec.natural for spec in specs]
-    excess = sum(widths) + 2 * (len(specs) - 1) - terminal_width
+    gaps = 2 * (len(specs) - 1)
+    if sum(spec.least for spec in specs) + gaps > terminal_width:
+        return None
+    excess = sum(widths) + gaps - terminal_width
     for kind in ("wide", "text", "short"):
         if excess <= 0:
             break
@@ -234,10 +281,15 @@ def _fit(specs: list[_ColumnFit], terminal_width: int) -> list[int | None]:
 
 
 def print_table(table: Table) -> None:
-    """Print a table: fitted to the terminal, or as plain columns when stdout is not one."""
+    """Print a table: fitted to the terminal, or as plain columns when stdout is not one.
+
+    Piped, only the rows go to stdout: a caption (a legend, a count) goes to stderr, so
+    that `| wc -l` counts rows and `| cut` sees only columns.
+    """
     if console.is_terminal:
         console.print(table)
         return
+    caption, table.caption = table.caption, None
     # Plain columns: each row on one line, as wide as it needs (no terminal to fit).
     table.box = None
     table.show_edge = False
@@ -253,6 +305,8 @@ def print_table(table: Table) -> None:
     lines = rendered.getvalue().splitlines()
     sys.stdout.write("".join(line.rstrip() + "\n" for line in lines))
     sys.stdout.flush()
+    if caption:
+        err_console.print(caption, highlight=False, markup=False, soft_wrap=True)
 
 
 def print_rows(
@@ -278,11 +332,16 @@ def print_rows(
         else:
             console.print(empty, highlight=False)
     else:
-        print_table(
-            table(
-                rows, columns, title=title, headers=headers, cells=cells, wide=wide, caption=caption
-            )
+        fitted = table(
+            rows, columns, title=title, headers=headers, cells=cells, wide=wide, caption=caption
         )
+        if fitted is not None:
+            print_table(fitted)
+            return
+        names = _columns(rows, columns)
+        print_records(_shown(rows, names, cells), _titles(names, headers), title=title)
+        if caption:
+            console.print(f"\n{caption}", highlight=False, markup=False)
 
 
 @contextmanager

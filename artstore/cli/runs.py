@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -46,7 +47,6 @@ def runs(url: UrlOption = None, output: FormatOption = OutputFormat.table) -> No
         output,
         columns=["run", "model", "status", "steps", "groups", "rollouts", "reward", "started"],
         headers={"started": "started (UTC)"},
-        wide=("model",),
         caption="groups: sealed/trained. rollouts: finished/failed. reward: mean of the "
         "latest batch, by the run's scorer. stale: running, but its trainer is gone.",
         empty="no runs in this store (try `artstore demo`)",
@@ -80,10 +80,18 @@ def show(
 
     async def work() -> dict[str, Any]:
         import artstore
-        from artstore.training.overview import describe_run
+        from artstore.errors import NotFoundError
+        from artstore.training.overview import describe_run, list_runs
 
         async with await artstore.open_store(url, read_only=True) as store:
-            return await describe_run(store, run_name)
+            try:
+                return await describe_run(store, run_name)
+            except NotFoundError as exc:
+                names = [row["run"] for row in await list_runs(store)]
+                close = difflib.get_close_matches(run_name, names, n=3)
+                if not close:
+                    raise
+                raise NotFoundError(f"{exc}; did you mean {' or '.join(close)}?") from None
 
     found = run(work)
     wanted = [s.value for s in Section if not section or s in section]
@@ -136,7 +144,7 @@ def _show_run(run: dict[str, Any]) -> None:
                 "reward",
                 Text(
                     f"{sparkline(rewards)}  {text(rewards[0])} → {text(rewards[-1])} "
-                    f"(mean per batch, {len(rewards)} batches)"
+                    f"(mean per batch, {len(rewards)} batch{'es' if len(rewards) != 1 else ''})"
                 ),
             )
     print_table(table)
@@ -165,7 +173,7 @@ def _show_steps(rows: list[dict[str, Any]]) -> None:
         columns=["model", "steps", "status", "scorer", "in", "reward_mean", "metrics", "error"],
         headers={"in": "groups", "reward_mean": "reward mean"},
         cells={"metrics": _short_metrics},
-        wide=("model", "metrics", "error"),
+        wide=("metrics", "error"),
         empty="none yet",
     )
 
@@ -234,7 +242,7 @@ def _show_consumption(rows: list[dict[str, Any]]) -> None:
             "scorers",
         ],
         headers={"groups_consumed": "groups trained"},
-        wide=("model", "scorers"),
+        wide=("scorers",),
         empty="no group trained yet",
     )
 

@@ -125,36 +125,37 @@ def _json_value(value: Any) -> Any:
 
 
 async def _print_table(columns: list[str], batches: Batches) -> None:
-    """Pages of rows, each a table with the first page's column widths."""
+    """Pages of rows, each a table with the widths of the widest values so far; on a
+    terminal too narrow for them, every row as a record (`column  value` lines, as psql's
+    expanded display) instead, so that no value is split. The row count goes to stderr."""
     from rich.table import Table
 
-    count, widths = 0, None
-    pending: list[tuple[Any, ...]] = []
+    from artstore.cli.output import print_records
+    from artstore.cli.shared import console, err_console
 
-    def flush(last: bool) -> None:
-        nonlocal widths
-        table = Table(
-            show_edge=False,
-            header_style="bold",
-            caption_justify="left",
-            show_header=widths is None,
-        )
-        for index, column in enumerate(columns):
-            width = None if widths is None else widths[index]
-            table.add_column(column, overflow="fold", width=width)
-        for row in pending:
-            # Text, not markup: a value such as "[bold]" or a JSON list prints as it is.
-            table.add_row(*(_cell(value) for value in row))
-        if last:
-            table.caption = f"{count} row{'s' if count != 1 else ''}"
-        if widths is None:  # the next pages line up with this one
-            widths = [
-                max(len(column), *(len(_cell(row[i]).plain) for row in pending))
-                if pending
-                else len(column)
-                for i, column in enumerate(columns)
-            ]
-        print_table(table)
+    count, widths = 0, [len(column) for column in columns]
+    pending: list[tuple[Any, ...]] = []
+    headed = records = False
+
+    def flush() -> None:
+        nonlocal widths, headed, records
+        cells = [[_cell(value) for value in row] for row in pending]
+        for row in cells:
+            widths = [max(width, cell.cell_len) for width, cell in zip(widths, row, strict=True)]
+        # A table with a rule between columns: " │ " between them.
+        if console.is_terminal and sum(widths) + 3 * (len(widths) - 1) > console.width:
+            records = True
+        if records:
+            print_records(cells, columns, start=count - len(pending) + 1)
+        elif pending or not headed:
+            table = Table(show_edge=False, header_style="bold", show_header=not headed)
+            for column, width in zip(columns, widths, strict=True):
+                table.add_column(column, no_wrap=True, min_width=width)
+            for row in cells:
+                # Text, not markup: a value such as "[bold]" or a JSON list prints as it is.
+                table.add_row(*row)
+            print_table(table)
+            headed = True
         pending.clear()
 
     async for batch in batches:
@@ -162,8 +163,9 @@ async def _print_table(columns: list[str], batches: Batches) -> None:
             pending.append(row)
             count += 1
             if len(pending) >= TABLE_PAGE:
-                flush(last=False)
-    flush(last=True)
+                flush()
+    flush()
+    err_console.print(f"{count} row{'s' if count != 1 else ''}", highlight=False)
 
 
 def _cell(value: Any):

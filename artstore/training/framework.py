@@ -414,8 +414,8 @@ class TrainingFramework:
                 summary.final_step = await model.get_step()
                 self._say(
                     f"run {run} finished: model {model_key(model)} at step {summary.final_step}; "
-                    f"this call trained {len(summary.steps_trained)} steps and ran "
-                    f"{summary.rollouts} rollouts ({summary.rollouts_failed} failed)"
+                    f"this call trained {_count(len(summary.steps_trained), 'step')} and ran "
+                    f"{_count(summary.rollouts, 'rollout')} ({summary.rollouts_failed} failed)"
                 )
                 return summary
         finally:
@@ -447,8 +447,9 @@ class TrainingFramework:
             self._say(f"run {run}: resumed, model {model_key(model)} at step {summary.start_step}")
         else:
             self._say(
-                f"run {run}: started; {config.epochs} epochs of {batches_per_epoch} batches "
-                f"({total} train steps), {config.group_size} rollouts per scenario"
+                f"run {run}: started; {_count(config.epochs, 'epoch')} of "
+                f"{_count(batches_per_epoch, 'batch', 'batches')} ({_count(total, 'train step')}), "
+                f"{_count(config.group_size, 'rollout')} per scenario"
             )
         batches: list[tuple[list[_Place], list[Any]]] = []
         for epoch in range(config.epochs):
@@ -833,3 +834,8 @@ async def train(
         validation_model=val_model,
         run=run,
     )
+
+
+def _count(number: int, noun: str, nouns: str | None = None) -> str:
+    """ "1 step", "2 steps"; `nouns` where adding an s is wrong ("batches")."""
+    return f"{number} {noun if number == 1 else nouns or noun + 's'}"
