@@ -156,7 +156,7 @@ def test_reads_the_query_from_a_file_or_standard_input(recorded_url, tmp_path):
         ((), "give a query"),
         (("SELECT 1", "--file", "q.sql"), "not both"),
         (("--file", "no-such-file.sql"), "cannot read no-such-file.sql"),
-        (("SELECT 1", "--format", "xml"), "xml"),
+        (("SELECT 1", "--format", "xml"), "'xml' is not one of 'table', 'csv', 'json'"),
     ],
 )
 def test_usage_errors_exit_with_2(args, message, tmp_path, monkeypatch):

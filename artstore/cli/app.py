@@ -48,7 +48,9 @@ class OneLineErrors(TyperGroup):
             context = getattr(exc, "ctx", None)
             where = context.command_path if context is not None else "artstore"
             hint = f" (see {where} --help)" if exc.exit_code == 2 else ""
-            say_error(f"{exc.format_message()}{hint}")
+            # Typer words a bad choice as pydantic does ("Value error, 'x' is not one of").
+            message = exc.format_message().replace("Value error, ", "")
+            say_error(f"{message}{hint}")
             sys.exit(exc.exit_code)
         except (typer.Abort, click.exceptions.Abort):
             if not standalone_mode:
