@@ -414,16 +414,16 @@ def test_ui_on_a_missing_store_is_one_line(tmp_path):
     assert one_line_error(result) == f"error: no artstore database at {tmp_path / 'none.db'}"
 
 
-def test_show_suggests_close_run_names(recorded):
-    result = cli("show", f"{RUN}x", "--url", recorded)
+def test_show_suggests_close_run_names(recorded_url):
+    result = cli("show", f"{RUN}x", "--url", recorded_url)
     assert result.exit_code == 1
     assert " ".join(result.stderr.split()) == (
         f"error: no run '{RUN}x' in this store (see `artstore runs`); did you mean {RUN}?"
     )
 
 
-def test_sql_prints_records_when_the_rows_do_not_fit_80_columns(recorded):
-    shown = in_terminal(80, "sql", "SELECT * FROM v_runs", "--url", recorded)
+def test_sql_prints_records_when_the_rows_do_not_fit_80_columns(recorded_url):
+    shown = in_terminal(80, "sql", "SELECT * FROM v_runs", "--url", recorded_url)
 
     assert all(len(line) <= 80 for line in shown.splitlines()), shown
     [run] = records(shown)
@@ -433,5 +433,5 @@ def test_sql_prints_records_when_the_rows_do_not_fit_80_columns(recorded):
     assert run["num_rollouts"] == "7"
     assert "1 row" in shown.splitlines()[-1]
 
-    narrow = in_terminal(80, "sql", "SELECT run, status FROM v_runs", "--url", recorded)
+    narrow = in_terminal(80, "sql", "SELECT run, status FROM v_runs", "--url", recorded_url)
     assert any(line.split() == [RUN, "│", "failed"] for line in narrow.splitlines()), narrow

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from artstore.cli import (
     db,
@@ -62,6 +62,19 @@ class OneLineErrors(TyperGroup):
         sys.exit(returned if isinstance(returned, int) else 0)
 
 
+class QueryCommand(TyperCommand):
+    """`artstore sql`: a query may begin with a `--` comment, which click would take for an
+    option. An argument that starts with `-` and holds whitespace is no option name: it is
+    passed as the query (after `--`), and the options around it are parsed as usual."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" not in args:
+            queries = [a for a in args if a.startswith("-") and any(c.isspace() for c in a)]
+            if queries:
+                args = [a for a in args if a not in queries] + ["--", *queries]
+        return super().parse_args(ctx, args)
+
+
 app = typer.Typer(
     cls=OneLineErrors,
     name="artstore",
@@ -101,8 +114,7 @@ app.command("show")(runs.show)
 app.command("group")(group.group)
 app.command("trajectory")(trajectory.trajectory)
 app.command("ui")(ui.ui)
-# A query may begin with a `--` comment, which would otherwise be taken for an option.
-app.command("sql", context_settings={"ignore_unknown_options": True})(sql.sql)
+app.command("sql", cls=QueryCommand)(sql.sql)
 app.command("export")(exchange.export)
 app.command("import")(exchange.import_)
 app.command("worker")(worker.worker)
