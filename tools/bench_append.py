@@ -26,11 +26,16 @@ every PostgreSQL peer may open at most 16 connections (artstore's pool size).
 
 The machine is small and noisy, so each cell is measured in several short rounds (3 by
 default), peers interleaved and their order rotated every round, and the table shows the
-median round of each cell. Then the issue's two targets are checked:
+median round of each cell. Then the targets are checked, each a PASS or MISS line:
 
-1. artstore with 64 concurrent single-event appenders >= 2x eventsourcing's best
-   single-event rate (sequential or 64 threads, whichever is higher), on each database;
+1. SQLite ahead of eventsourcing in every scenario: sequential >= 1x, batches of 100
+   >= 1x, 64 concurrent single-event appenders >= 2x; PostgreSQL sequential >= 1x;
 2. artstore with 64 concurrent single-event appenders >= 30% of the raw batched rate.
+
+On 2026-12-01 (2-core machine, otherwise idle, 3 rounds, medians): SQLite sequential
+4,164 vs 11,300 ev/s (0.37x, MISS), batch100 13,794 vs 29,664 (0.47x, MISS),
+concurrent64 9,411 vs 6,080 (1.55x, MISS); PostgreSQL sequential 991 vs 763 (1.30x, PASS),
+concurrent64 10,196 vs 905 (11.3x).
 
 Where the time went (cProfile of the writer's thread and of the event loop, SQLite, before
 the changes below): a single-event commit spent ~40% in SQLAlchemy (compiling and caching
@@ -602,33 +607,36 @@ def report(results: Results, databases: Sequence[str], events: int, console: Con
         "÷ raw batch: over the raw driver's batch100 rate on the same database."
     )
 
-    console.print("\n[bold]Targets[/bold] (artstore with 64 concurrent single-event appenders)")
+    console.print("\n[bold]Targets[/bold] (artstore over eventsourcing, same scenario)")
+    # (database, scenario, needed ratio): ahead of eventsourcing in every SQLite scenario,
+    # twice its rate with 64 concurrent appenders, and level with it sequentially on
+    # PostgreSQL.
+    targets = [
+        ("sqlite", "sequential", 1.0),
+        ("sqlite", "batch100", 1.0),
+        ("sqlite", "concurrent64", 2.0),
+        ("postgresql", "sequential", 1.0),
+    ]
+    for database, scenario, needed in targets:
+        if database not in databases:
+            continue
+        check(
+            console,
+            f"{labels[database]} {scenario}: >= {needed:g}x eventsourcing",
+            results[(database, "artstore", scenario)].best,
+            results[(database, "eventsourcing", scenario)].best,
+            needed,
+        )
     for database in databases:
-        label = labels[database]
         artstore_c = results[(database, "artstore", "concurrent64")].best
-        es_single = max(
-            results[(database, "eventsourcing", "sequential")].best,
-            results[(database, "eventsourcing", "concurrent64")].best,
-        )
-        es_concurrent = results[(database, "eventsourcing", "concurrent64")].best
         raw_batched = results[(database, "raw", "batch100")].best
-        # Two readings of "eventsourcing's single-event rate": the same 64 concurrent
-        # single-event appenders (like for like), and its best single-event rate at all.
         check(
             console,
-            f"{label}: >= 2x eventsourcing's rate with 64 concurrent single-event appenders",
+            f"{labels[database]} concurrent64: >= 30% of the raw driver's batched rate",
             artstore_c,
-            es_concurrent,
-            2.0,
+            raw_batched,
+            0.30,
         )
-        check(
-            console,
-            f"{label}: >= 2x eventsourcing's best single-event rate (sequential or concurrent)",
-            artstore_c,
-            es_single,
-            2.0,
-        )
-        check(console, f"{label}: >= 30% of raw batched rate", artstore_c, raw_batched, 0.30)
 
     console.print("\n[bold]Group commit[/bold] (artstore, concurrent64, store.transactions)")
     appends = events // CONCURRENCY * CONCURRENCY
