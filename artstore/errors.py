@@ -65,12 +65,15 @@ class WrongExpectedVersionError(ArtstoreError):
     Nothing of the append was written; read the stream again and retry.
     """
 
-    def __init__(self, stream_id: str, expected: int | None, actual: int) -> None:
+    def __init__(
+        self, stream_id: str, expected: int | None, actual: int, why: str | None = None
+    ) -> None:
         self.stream_id = stream_id
         self.expected = expected
         self.actual = actual
         super().__init__(
-            f"stream {stream_id!r} is at version {actual}, but the append expected "
+            why
+            or f"stream {stream_id!r} is at version {actual}, but the append expected "
             f"version {expected}; nothing was written (read the stream again and retry)"
         )
 

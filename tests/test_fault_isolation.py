@@ -270,3 +270,35 @@ async def test_a_full_postgresql_disk_fails_the_big_append_and_records_why(small
         assert await rollouts_by_status(store) == {"failed": {"huge"}}
         failed = (await store.read_stream("rollout-huge"))[-1].decode()
         assert failed.error_type == "StorageFullError" and "no space left" in failed.error_message
+
+
+# --- another writer ends a rollout while its calls are queued ------------------------------
+
+
+async def test_calls_queued_after_another_worker_ended_the_rollout_are_refused(database_url):
+    # A worker's rollout (fenced: it has a check) whose lease ran out: another worker
+    # records it as abandoned while the first one's calls are still queued. Those calls
+    # expected the versions they would have had; none may land after the abandonment.
+    from artstore.workers.worker import abandon_rollout
+
+    def lease_holds(connection, event) -> None:  # the lease check itself is tested elsewhere
+        return None
+
+    async with (
+        await artstore.open_store(database_url) as mine,
+        await artstore.open_store(database_url) as other,
+    ):
+        with pytest.raises(WrongExpectedVersionError):
+            async with mine.rollout(
+                "agent", scenario={}, rollout_id="stale", check=lease_holds
+            ) as rollout:
+                await mine.flush()  # its start is stored
+                assert await abandon_rollout(other, "stale", "its lease ran out")
+                rollout.record_llm_call([HumanMessage("q1")], answer("a1"))
+                rollout.record_llm_call([HumanMessage("q2")], answer("a2"))
+                rollout.result = "too late"
+        types = [e.type for e in await other.read_stream("rollout-stale")]
+        assert types == ["rollout.started", "rollout.failed"]
+        assert (await other.read_stream("rollout-stale"))[-1].decode().error_type == (
+            "RolloutAbandoned"
+        )

@@ -54,6 +54,7 @@ from artstore.events import (
     new_id,
 )
 from artstore.eventstore.blobs import blob_hash, blob_json, canonical_json
+from artstore.eventstore.store import follows
 from artstore.redaction import Redactor, redact_url
 
 if TYPE_CHECKING:
@@ -136,6 +137,10 @@ class Rollout:
         self.closed = False  # the block has exited: no new calls
         self._ended = False  # rollout.finished or rollout.failed is queued
         self._version = 0  # the stream's version once every append queued so far is stored
+        self._event_ids: dict[int, str] = {}  # version -> the id of the event queued for it
+        # Each append checks that the event before it is this rollout's own (workers: after
+        # a lease is lost, another worker may end the stream while appends are queued).
+        self._chained = False
         self._stored_version = 0  # its version after the appends settled so far
         self._calls = 0
         self._pending: list[asyncio.Future[AppendResult]] = []
@@ -384,15 +389,26 @@ class Rollout:
     def _append(
         self, event: Any, blobs: dict[str, str] | None = None, check: RolloutCheck | None = None
     ) -> asyncio.Future:
-        condition = None if check is None else (lambda c: check(c, event))
+        conditions: list[Callable[[Any], None]] = []
+        if check is not None:
+            conditions.append(lambda c: check(c, event))
+        previous = self._event_ids.get(self._version)
+        if self._chained and previous is not None:
+            conditions.append(follows(self.stream_id, self._version, previous))
+
+        def condition(connection: Any) -> None:
+            for each in conditions:
+                each(connection)
+
         future = self.store.append_nowait(
             self.stream_id,
             [event],
             expected_version=self._version,
             blobs=blobs,
-            condition=condition,
+            condition=condition if conditions else None,
         )
         self._version += 1
+        self._event_ids[self._version] = event.event_id
         self._pending.append(future)
         return future
 
@@ -480,6 +496,7 @@ async def rollout(
         else None,
         started_at=datetime.now(UTC),
     )
+    recorder._chained = check is not None
     recorder._append(started, check=check)
     clock = time.monotonic()
     token = CURRENT_ROLLOUT.set(recorder)

@@ -574,6 +574,34 @@ def _event_row(stream_id: str, event: Event, redact: Redactor) -> dict[str, Any]
     }
 
 
+def follows(stream_id: str, version: int, event_id: str) -> Callable[[Connection], None]:
+    """An append condition: the event at `version` of `stream_id`, if stored, is `event_id`.
+
+    For a writer that queues appends before the earlier ones commit (a rollout's calls,
+    each expecting the version the previous one will make): when an earlier one is refused
+    and another writer's event takes its version, the next one would otherwise be written
+    after that event. Not stored yet (it is in the same transaction) passes: the unique
+    (stream, version) key settles that case.
+    """
+
+    def condition(connection: Connection) -> None:
+        found = connection.execute(
+            select(events.c.event_id).where(
+                events.c.stream_id == stream_id, events.c.version == version
+            )
+        ).scalar()
+        if found is not None and found != event_id:
+            raise WrongExpectedVersionError(
+                stream_id,
+                version,
+                version,
+                f"stream {stream_id!r}: another writer's event took version {version}, "
+                "which this append was to follow; nothing was written",
+            )
+
+    return condition
+
+
 def _stream_heads(connection: Connection, stream_ids: set[str]) -> dict[str, int]:
     if not stream_ids:
         return {}
