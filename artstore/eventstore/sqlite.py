@@ -74,22 +74,8 @@ class SQLiteDatabase(Database):
                 raise NotFoundError(f"no artstore database at {path}{folder}")
             engine = _read_only_engine(url)
             return cls(url, engine, engine, None, read_only=True)
-        write_engine = create_async_engine(
-            url,
-            pool_size=2,
-            max_overflow=0,
-            json_serializer=serialize,
-            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
-        )
-        _configure(write_engine.sync_engine, begin="BEGIN IMMEDIATE")
-        read_engine = create_async_engine(
-            url,
-            pool_size=4,
-            max_overflow=0,
-            json_serializer=serialize,
-            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
-        )
-        _configure(read_engine.sync_engine, begin="BEGIN")
+        write_engine = _pooled_engine(url, pool_size=2, begin="BEGIN IMMEDIATE")
+        read_engine = _pooled_engine(url, pool_size=4, begin="BEGIN")
         writer_engine = create_engine(
             url.set(drivername="sqlite+pysqlite"),
             poolclass=StaticPool,  # one connection, used by the writer thread alone
@@ -349,6 +335,19 @@ class SQLiteWriter(Writer):
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="artstore-sqlite-writer")
         return await asyncio.get_running_loop().run_in_executor(self._thread, call)
+
+
+def _pooled_engine(url: URL, *, pool_size: int, begin: str) -> AsyncEngine:
+    """An aiosqlite engine whose transactions start with `begin`."""
+    engine = create_async_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=0,
+        json_serializer=serialize,
+        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
+    )
+    _configure(engine.sync_engine, begin=begin)
+    return engine
 
 
 # The highest position ever handed out: AUTOINCREMENT's counter, or a stored event's.
