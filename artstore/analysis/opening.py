@@ -7,11 +7,15 @@ db upgrade`, and a SQLite file that does not exist is an error, not a new databa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
+    from artstore.analysis.ids import Kind
     from artstore.analysis.sql import QueryResult
     from artstore.store import Store
+
+T = TypeVar("T")
 
 
 async def open_for_reading(url: str | None) -> Store:
@@ -20,6 +24,23 @@ async def open_for_reading(url: str | None) -> Store:
     from artstore.store import open_store
 
     return await open_store(url, read_only=True)
+
+
+async def read_one(
+    url: str | None,
+    kind: Kind,
+    given: str,
+    detail: Callable[[Store, str], Awaitable[T]],
+) -> T:
+    """`detail(store, id)` of the group or rollout whose id is `given` (or starts with it),
+    on the store at `url` opened for reading, closed afterwards."""
+    from artstore.analysis.ids import resolve_id
+
+    store = await open_for_reading(url)
+    try:
+        return await detail(store, await resolve_id(store, kind, given))
+    finally:
+        await store.close()
 
 
 async def run_sql(store: Store, sql: str) -> QueryResult:

@@ -32,14 +32,9 @@ def group(
 
     async def work() -> dict[str, Any]:
         from artstore.analysis.groups import group_detail
-        from artstore.analysis.ids import resolve_id
-        from artstore.analysis.opening import open_for_reading
+        from artstore.analysis.opening import read_one
 
-        store = await open_for_reading(url)
-        try:
-            return await group_detail(store, await resolve_id(store, "group", group_id))
-        finally:
-            await store.close()
+        return await read_one(url, "group", group_id, group_detail)
 
     found = run(work)
     if output is OutputFormat.json:

@@ -46,15 +46,10 @@ def trajectory(
     """
 
     async def work() -> dict[str, Any]:
-        from artstore.analysis.ids import resolve_id
-        from artstore.analysis.opening import open_for_reading
+        from artstore.analysis.opening import read_one
         from artstore.analysis.trajectories import trajectory_detail
 
-        store = await open_for_reading(url)
-        try:
-            return await trajectory_detail(store, await resolve_id(store, "rollout", rollout_id))
-        finally:
-            await store.close()
+        return await read_one(url, "rollout", rollout_id, trajectory_detail)
 
     detail = run(work)
     if output is OutputFormat.json:
