@@ -173,6 +173,7 @@ from sqlalchemy.engine import make_url
 
 import artstore
 from artstore.analysis import query
+from artstore.art_versions import parquet_format_version
 from artstore.capture import messages as lc
 from artstore.events import (
     Event,
@@ -510,6 +511,38 @@ def postgres_bytes(conninfo: str) -> int:
         row = connection.execute("SELECT pg_database_size(current_database())").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def sqlite_bytes_by_table(path: Path) -> dict[str, tuple[int, int]]:
+    """(table pages, index pages) in bytes per table, from SQLite's `dbstat`."""
+    with sqlite3.connect(path) as connection:
+        owner = dict(connection.execute("SELECT name, tbl_name FROM sqlite_schema"))
+        pages = connection.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name").fetchall()
+    found: dict[str, tuple[int, int]] = {}
+    for name, used in pages:
+        table = owner.get(name, name)
+        heap, indexes = found.get(table, (0, 0))
+        found[table] = (heap + used, indexes) if table == name else (heap, indexes + used)
+    return found
+
+
+def postgres_bytes_by_table(conninfo: str) -> dict[str, tuple[int, int]]:
+    """(table with its TOAST, indexes) in bytes per table of the public schema."""
+    with psycopg.connect(conninfo) as connection:
+        rows = connection.execute(
+            "SELECT c.relname, pg_table_size(c.oid), pg_indexes_size(c.oid) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind = 'r' AND n.nspname = 'public'"
+        ).fetchall()
+    return {name: (int(heap), int(indexes)) for name, heap, indexes in rows}
+
+
+def where_the_bytes_are(by_table: dict[str, tuple[int, int]], total: int, top: int = 6) -> str:
+    largest = sorted(by_table.items(), key=lambda item: -sum(item[1]))[:top]
+    return ", ".join(
+        f"{name} {size(heap)} + indexes {size(indexes)} ({(heap + indexes) / total:.0%})"
+        for name, (heap, indexes) in largest
+    )
 
 
 def parquet_files(place: Place) -> list[Path]:
@@ -997,18 +1030,26 @@ async def main(argv: Sequence[str] | None = None) -> int:
         if summary.trajectories != plan.rollouts or len(summary.files) != plan.steps:
             raise AssertionError(f"the export is incomplete: {summary}")
 
+        breakdown: list[str] = []
         for database, (store, raw, conninfo) in by_database.items():
             engines += [ArtstoreEngine(f"artstore {database}", store), raw]
             if database == "sqlite":
                 database_sizes[database] = sqlite_bytes(place.sqlite_file)
                 sizes.append(("SQLite file (after checkpoint)", database_sizes[database]))
+                by_table = sqlite_bytes_by_table(place.sqlite_file)
             else:
                 database_sizes[database] = postgres_bytes(conninfo)
                 sizes.append(("PostgreSQL database", database_sizes[database]))
+                by_table = postgres_bytes_by_table(conninfo)
+            total = database_sizes[database]
+            breakdown.append(f"  {database}: {where_the_bytes_are(by_table, total)}")
         parquet = sum(p.stat().st_size for p in parquet_files(place))
-        sizes.append(("ART parquet files", parquet))
+        sizes.append((f"ART parquet files (format {parquet_format_version()})", parquet))
         engines += [DuckdbEngine(place), PolarsEngine(place)]
         console.print("sizes: " + ", ".join(f"{what} {size(n)}" for what, n in sizes))
+        console.print("where the bytes are (largest tables, each with its indexes):")
+        for line in breakdown:
+            console.print(line)
 
         console.print(f"checking results, then {args.repeat} rounds ({load()})")
         timings = await measure(engines, args.repeat, console)
