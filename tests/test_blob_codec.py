@@ -15,8 +15,10 @@ import random
 import struct
 from typing import Any
 
+import pytest
 from sqlalchemy import insert, select
 
+from artstore.errors import BlobReadError
 from artstore.events import RunFinished
 from artstore.eventstore import NO_STREAM
 from artstore.eventstore.blob_codec import CODEC, expand_document
@@ -212,3 +214,16 @@ async def test_blobs_stored_before_the_codec_still_read_back(store):
     async with store.database.read() as connection:
         rows = (await connection.execute(select(blobs.c.body, blobs.c.codec))).all()
     assert [(row.body, row.codec) for row in rows] == [(text, None)]
+
+
+async def test_a_compact_body_that_does_not_read_back_as_its_text_is_refused(store):
+    entries = [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}] * 40
+    text = blob_json({"logprobs": {"content": entries}})
+    row = blob_row(blob_hash(text), text)
+    assert row["codec"] == CODEC
+    other = blob_json({"logprobs": {"content": entries[:-1]}})
+    wrong = {**blob_row(blob_hash(other), other), "hash": row["hash"]}  # another list's body
+    async with store.database.write() as connection:
+        await connection.execute(insert(blobs).values(**wrong))
+    with pytest.raises(BlobReadError):
+        await store.get_blobs([row["hash"]])

@@ -123,8 +123,35 @@ Where the time went (profiled on 2,000 rollouts, 10,522 events, 2 busy CPUs):
   take it off the table. All three scale linearly in the rollouts on every engine
   (each reads every rollout, or every parquet row, once); 100,000 rollouts were not
   measured (recording and export take ~10x as long).
-- size: the events' JSON payloads and the blobs (messages with logprobs) are most of the
-  database; the parquet holds no logprobs. Not changed here.
+- size (target: each database within 5x of ART's parquet; printed with where the bytes
+  are, per table with its indexes, from SQLite's `dbstat` and PostgreSQL's
+  `pg_table_size` / `pg_indexes_size`). Measured 2026-12-01, 2-core machine shared with
+  other sessions (load average 4 to 5), Python 3.13 / ART 0.5.23 (parquet format 2),
+  10,000 rollouts: SQLite 104.2 MiB, PostgreSQL 127.9 MiB, parquet 2.1 MiB (x 49.3 and
+  x 60.4: MISS). Where the bytes are:
+
+  | table (+ its indexes) | SQLite | PostgreSQL |
+  |---|---|---|
+  | events | 41.7 + 6.7 MiB (46%) | 41.4 + 10.7 MiB (41%) |
+  | blobs | 23.8 + 3.8 MiB (27%) | 24.0 + 5.8 MiB (23%) |
+  | trajectory_messages | 6.9 + 3.6 MiB (10%) | 9.6 + 6.0 MiB (12%) |
+  | llm_calls | 6.0 + 2.9 MiB (9%) | 6.9 + 4.8 MiB (9%) |
+  | rollouts | 2.8 + 1.3 MiB (4%) | 3.0 + 1.0 MiB (3%) |
+  | rewards, latest_rewards, the rest | ~4 MiB | ~5 MiB |
+
+  `events`: the 30,000 `llm.call` payloads are 27.2 MB of the 41.7 (~907 characters
+  each: sorted keys spelled out in every row, nulls of fields a call does not use, and
+  four to six blob hashes as 64 hex characters, ~330 characters); `rollout.started`
+  3.6 MB, `rollout.finished` 2.3 MB. `blobs`: 48,810 bodies, 397 characters on average
+  (LangChain's message dumps; the 28,783 answers carry two logprob entries each, too few
+  for the logprob codec of bench_capture.py to shorten: none is stored compact here, so
+  the codec leaves this run's size as it was, 104.2 -> 104.3 MiB). The primary key of
+  `blobs` repeats each hash (3.8 MiB). The parquet holds each trajectory once as
+  JSON (`trajectory_json`, logprobs included in format 2: ~2,300 characters a row,
+  22 MB for the run), zstd-compressed about 10x. Reaching 5x (~10 MiB) would take the
+  event log itself in another shape (binary hashes, payloads without the keys and nulls,
+  or compressed bodies): the projections and their indexes alone are ~30 MiB. Not
+  changed here.
 
 Run it from the repository root:
 

@@ -7,7 +7,8 @@ UTF-8 of the token, each key order written once) the same content takes a fifth 
 space. It is a codec layer under the blob store: writers hand the store a blob's text,
 readers get that text back, character for character; only `blobs.body` holds the
 compact form, and `blobs.codec` names it (NULL: the body is the text itself, as every
-blob written before the codec existed).
+blob written before the codec existed). No SQL view reads `blobs` (`artstore sql` may read
+only the views), so SQL users see nothing of the codec.
 
 The stored form, codec `"logprob-columns/1"`, is JSON (Python's dialect, as blob text
 is: `-Infinity`, `Infinity`, `NaN` allowed, everything else ASCII):
@@ -43,7 +44,11 @@ What the reader gets back is checked when writing: a blob is stored compact only
 decoding the compact form and writing it out as blob text (`blob_json`) gives exactly
 the text handed in; otherwise (text not written by `blob_json`, a redaction that left
 the text in another form) it is stored as it is. So reading never guesses: the text
-read back is the text written, and so its sha256 is the blob's hash.
+read back is the text written, and so its sha256 is the blob's hash. The document comes
+back from the compact form exactly (key order, every float's bits); its text is written
+again by `blob_json`, so it depends on that serializer writing numbers as it did when the
+blob was stored: `read_blob_texts` checks the hash of every compact blob it reads and
+raises BlobReadError rather than hand out another text.
 """
 
 from __future__ import annotations

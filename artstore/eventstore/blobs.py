@@ -31,6 +31,7 @@ from typing import Any
 import pydantic_core
 from sqlalchemy import Connection, select
 
+from artstore.errors import BlobReadError
 from artstore.eventstore import blob_codec
 from artstore.schema.tables import blobs
 
@@ -108,5 +109,13 @@ def read_blob_texts(connection: Connection, hashes: Iterable[str]) -> dict[str, 
             blobs.c.hash.in_(wanted[start : start + 500])
         )
         for row in connection.execute(query):
-            found[row.hash] = blob_text(row.body, row.codec)
+            text = blob_text(row.body, row.codec)
+            # A compact body is written out again on reading (blob_codec's docstring): its
+            # hash is checked, so that no other text is ever handed out under it.
+            if row.codec is not None and blob_hash(text) != row.hash:
+                raise BlobReadError(
+                    f"blob {row.hash} ({row.codec}) does not read back as the text it was "
+                    "stored for"
+                )
+            found[row.hash] = text
     return found
