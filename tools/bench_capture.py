@@ -11,7 +11,9 @@ The peers:
 - `FileLogger`: ART's `art.langgraph.logging.FileLogger`, what `art.langgraph` records with:
   per call, the entry `{"input", "output", "tools"}` appended as a pickle to
   `<thread>.pkl` and as text to `<thread>`; trajectories rebuilt by ART's
-  `create_messages_from_logs` (which unpickles the file: only done inside this peer);
+  `create_messages_from_logs` (which unpickles the file: only done inside this peer).
+  ART 0.5.23's FileLogger writes only the text file and keeps the entries in memory
+  (its `create_messages_from_logs` takes the logger): its bytes are the text file's;
 - `artstore (sqlite)` / `artstore (postgresql)`: `store.rollout(...)` and
   `rollout.record_llm_call(input, output, tools=...)`; trajectories rebuilt by
   `store.trajectories(ids)`.
@@ -79,6 +81,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import inspect
 import os
 import statistics
 import sys
@@ -253,6 +256,7 @@ class FileLoggerPeer:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.paths: dict[int, str] = {}
+        self.loggers: dict[int, Any] = {}
 
     def rollout(self, rollout: Rollout):
         from contextlib import asynccontextmanager
@@ -262,6 +266,7 @@ class FileLoggerPeer:
         path = str(self.folder / str(uuid.uuid4()))
         self.paths[rollout.index] = path
         logger = FileLogger(path)
+        self.loggers[rollout.index] = logger
 
         @asynccontextmanager
         async def context():
@@ -277,8 +282,14 @@ class FileLoggerPeer:
         import art
         from art.langgraph.llm_wrapper import create_messages_from_logs
 
+        # ART 0.5.18 reads the pickle file back from its path; later ARTs' FileLogger keeps
+        # the entries in memory (it writes only the text file) and takes the logger itself.
+        takes_logger = "logger" in inspect.signature(create_messages_from_logs).parameters
         return {
-            index: create_messages_from_logs(path, art.Trajectory(messages_and_choices=[]))
+            index: create_messages_from_logs(
+                self.loggers[index] if takes_logger else path,
+                art.Trajectory(messages_and_choices=[]),
+            )
             for index, path in self.paths.items()
         }
 
