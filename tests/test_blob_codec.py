@@ -43,10 +43,15 @@ ODD_FLOATS = [
 ODD_TOKENS = ["\x00", "\ud800", "a\udfffb", "\U0001f600", "é", " ", "", '"\\', "\u2028", "Ġthe"]
 
 
-def random_token(rng: random.Random) -> str:
-    if rng.random() < 0.15:
+ALPHABET = "abcdefghijklmnopqrstuvwxyz ,.'\"\\\n\t\x00é漢\U0001f600\u2028"
+SURROGATES = "\ud83d\ude00\udfff"  # a pair split over two tokens joins as one character
+
+
+def random_token(rng: random.Random, odd: bool) -> str:
+    """A token; an `odd` list's tokens may hold lone surrogates and the odd tokens."""
+    if odd and rng.random() < 0.15:
         return rng.choice(ODD_TOKENS)
-    alphabet = "abcdefghijklmnopqrstuvwxyz ,.'\"\\\n\t\x00é漢\U0001f600\ud83d"
+    alphabet = ALPHABET + SURROGATES if odd else ALPHABET
     return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
 
 
@@ -72,19 +77,19 @@ def random_bytes(rng: random.Random, token: str) -> Any:
     return rng.choice([None, [], [255, 0], [72.0]])
 
 
-def random_entry(rng: random.Random, keys: list[str], depth: int) -> dict[str, Any]:
-    token = random_token(rng)
+def random_entry(rng: random.Random, keys: list[str], depth: int, odd: bool) -> dict[str, Any]:
+    token = random_token(rng, odd)
     values = {
         "token": token,
         "logprob": random_logprob(rng),
         "bytes": random_bytes(rng, token),
-        "top_logprobs": random_top(rng, depth),
+        "top_logprobs": random_top(rng, depth, odd),
         "id": rng.randint(0, 150_000),
     }
     return {key: values[key] for key in keys}
 
 
-def random_top(rng: random.Random, depth: int) -> Any:
+def random_top(rng: random.Random, depth: int, odd: bool) -> Any:
     if depth > 0:
         return []
     roll = rng.random()
@@ -93,7 +98,7 @@ def random_top(rng: random.Random, depth: int) -> Any:
     if roll < 0.3:
         return []
     keys = ["token", "logprob", "bytes"] if rng.random() < 0.9 else ["token", "bytes", "logprob"]
-    return [random_entry(rng, keys, depth + 1) for _ in range(rng.randint(1, 5))]
+    return [random_entry(rng, keys, depth + 1, odd) for _ in range(rng.randint(1, 5))]
 
 
 def random_entries(rng: random.Random) -> list[Any]:
@@ -102,7 +107,8 @@ def random_entries(rng: random.Random) -> list[Any]:
         keys = rng.sample([*keys, "id"], rng.randint(2, 5))
         if "token" not in keys:
             keys.append("token")
-    entries = [random_entry(rng, keys, 0) for _ in range(rng.randint(0, 60))]
+    odd = rng.random() < 0.5
+    entries = [random_entry(rng, keys, 0, odd) for _ in range(rng.randint(0, 60))]
     if entries and rng.random() < 0.1:  # one entry unlike the others: stored as it is
         odd = dict(entries[-1])
         odd.pop(keys[-1])
@@ -115,17 +121,20 @@ def random_entries(rng: random.Random) -> list[Any]:
 def random_document(rng: random.Random) -> Any:
     """An LLM output in one of the shapes blobs hold them."""
     content = {"content": random_entries(rng), "refusal": rng.choice([None, random_entries(rng)])}
+    # Most often a message's text is its tokens joined (the codec points at it then).
+    tokens = [e.get("token", "") for e in content["content"] if isinstance(e, dict)]
+    text = "".join(tokens) if rng.random() < 0.7 else "answer"
     shape = rng.randrange(4)
     if shape == 0:  # a LangChain AIMessage, as capture dumps it
         return {
             "lc": 1,
             "type": "constructor",
-            "kwargs": {"content": "answer", "response_metadata": {"logprobs": content}},
+            "kwargs": {"content": text, "response_metadata": {"logprobs": content}},
         }
     if shape == 1:  # an OpenAI response (HTTP capture)
         return {"id": "c", "choices": [{"index": 0, "logprobs": content}, {"logprobs": None}]}
     if shape == 2:  # ART's Choice in a recorded trajectory
-        return [{"finish_reason": "stop", "logprobs": content}, {"role": "user", "content": "x"}]
+        return [{"finish_reason": "stop", "logprobs": content}, {"role": "user", "content": text}]
     return content["content"]  # a bare list
 
 

@@ -25,6 +25,14 @@ among them "token" (a string in every entry) and "logprob". Its columns:
 and a column is one of
 
     {"values": [...]}               each entry's value as is
+    {"joined": "<text>", "lengths": [...]}
+                                      `token`: the tokens joined, and each one's length
+                                      (in code points; not for tokens with a lone
+                                      surrogate: JSON would read two joined as one)
+    {"joined_at": <path>, "lengths": [...]}
+                                      `token`: the same, where the joined tokens are a
+                                      string of the document (the message's content):
+                                      the path to it
     {"f8": "<base64>"} / {"f4": ...}  floats (every value a float), little-endian float64,
                                       or float32 where each value is one exactly: bit for
                                       bit (-0.0, -inf included; NaN is read as JSON NaN)
@@ -62,6 +70,7 @@ from typing import Any
 CODEC = "logprob-columns/1"
 _MIN_ENTRIES = 2
 _MIN_TEXT = 512  # shorter texts gain too little to be worth a parse
+_MIN_JOINED = 16  # shorter strings are not looked for among the joined tokens
 
 Path = list[str | int]
 
@@ -74,10 +83,12 @@ def compact(text: str, render: Callable[[Any], str]) -> tuple[str, str | None]:
         document = json.loads(text)
     except ValueError:
         return text, None
-    lists: list[list[Any]] = []
-    skeleton = _replace_lists(document, [], lists)
-    if not lists:
+    found: list[tuple[Path, list[Any], list[str]]] = []
+    skeleton = _replace_lists(document, [], found)
+    if not found:
         return text, None
+    strings = _long_strings(skeleton, [], {})
+    lists = [[path, _columns(entries, keys, strings)] for path, entries, keys in found]
     body = _dumps({"document": skeleton, "lists": lists})
     if len(body) >= len(text) or render(expand_document(body)) != text:
         return text, None
@@ -98,7 +109,7 @@ def expand_document(body: str, codec: str = CODEC) -> Any:
     stored = json.loads(body)
     document = stored["document"]
     for path, columns in stored["lists"]:
-        entries = _entries(columns)
+        entries = _entries(columns, document)
         if not path:
             return entries  # the document is itself an encoded list
         parent = document
@@ -115,17 +126,31 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def _replace_lists(value: Any, path: Path, lists: list[list[Any]]) -> Any:
-    """`value` with each encodable list replaced by null, its columns added to `lists`."""
+def _replace_lists(value: Any, path: Path, found: list[tuple[Path, list[Any], list[str]]]) -> Any:
+    """`value` with each encodable list replaced by null, added to `found` with its keys."""
     if isinstance(value, dict):
-        return {k: _replace_lists(v, [*path, k], lists) for k, v in value.items()}
+        return {k: _replace_lists(v, [*path, k], found) for k, v in value.items()}
     if isinstance(value, list):
         keys = _shared_keys(value)
         if keys is not None:
-            lists.append([path, _columns(value, keys)])
+            found.append((path, value, keys))
             return None
-        return [_replace_lists(v, [*path, i], lists) for i, v in enumerate(value)]
+        return [_replace_lists(v, [*path, i], found) for i, v in enumerate(value)]
     return value
+
+
+def _long_strings(value: Any, path: Path, strings: dict[str, Path]) -> dict[str, Path]:
+    """Where each long string of the document is first (a message's content, which is
+    most often its tokens joined)."""
+    if isinstance(value, str) and len(value) >= _MIN_JOINED:
+        strings.setdefault(value, path)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _long_strings(v, [*path, k], strings)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _long_strings(v, [*path, i], strings)
+    return strings
 
 
 def _shared_keys(entries: list[Any], minimum: int = _MIN_ENTRIES) -> list[str] | None:
@@ -143,11 +168,15 @@ def _shared_keys(entries: list[Any], minimum: int = _MIN_ENTRIES) -> list[str] |
     return keys
 
 
-def _columns(entries: list[dict[str, Any]], keys: list[str]) -> dict[str, Any]:
+def _columns(
+    entries: list[dict[str, Any]], keys: list[str], strings: dict[str, Path] | None = None
+) -> dict[str, Any]:
     columns: dict[str, Any] = {}
     for key in keys:
         values = [entry[key] for entry in entries]
-        if key == "bytes":
+        if key == "token":
+            columns[key] = _token_column(values, strings or {})
+        elif key == "bytes":
             columns[key] = _bytes_column(values, [entry["token"] for entry in entries])
         elif key == "top_logprobs" and (nested := _nested_column(values)) is not None:
             columns[key] = nested
@@ -156,6 +185,20 @@ def _columns(entries: list[dict[str, Any]], keys: list[str]) -> dict[str, Any]:
         else:
             columns[key] = {"values": values}
     return {"n": len(entries), "keys": keys, "columns": columns}
+
+
+def _token_column(tokens: list[str], strings: dict[str, Path]) -> dict[str, Any]:
+    joined = "".join(tokens)
+    try:
+        joined.encode("utf-8")
+    except UnicodeEncodeError:
+        # A lone surrogate: two of them joined would be read back from JSON as one
+        # character, so the tokens are kept apart.
+        return {"values": tokens}
+    lengths = [len(token) for token in tokens]
+    if joined in strings:
+        return {"joined_at": strings[joined], "lengths": lengths}
+    return {"joined": joined, "lengths": lengths}
 
 
 def _utf8(token: str) -> list[int]:
@@ -217,27 +260,38 @@ def _float_column(values: list[float]) -> dict[str, Any]:
 # --- decoding ----------------------------------------------------------------------------------
 
 
-def _entries(columns: dict[str, Any]) -> list[dict[str, Any]]:
+def _entries(columns: dict[str, Any], document: Any) -> list[dict[str, Any]]:
     n, keys = columns["n"], columns["keys"]
-    values = {key: _column(columns["columns"][key], n, columns) for key in keys}
+    values = {key: _column(columns["columns"][key], n, columns, document) for key in keys}
     return [{key: values[key][i] for key in keys} for i in range(n)]
 
 
-def _column(column: dict[str, Any], n: int, columns: dict[str, Any]) -> list[Any]:
+def _column(column: dict[str, Any], n: int, columns: dict[str, Any], document: Any) -> list[Any]:
     if "values" in column:
         return column["values"]
+    if "joined" in column or "joined_at" in column:
+        joined = column.get("joined")
+        if joined is None:
+            joined = document
+            for step in column["joined_at"]:
+                joined = joined[step]
+        tokens, start = [], 0
+        for length in column["lengths"]:
+            tokens.append(joined[start : start + length])
+            start += length
+        return tokens
     if "f8" in column:
         return list(struct.unpack(f"<{n}d", base64.b64decode(column["f8"])))
     if "f4" in column:
         return list(struct.unpack(f"<{n}f", base64.b64decode(column["f4"])))
     if "utf8_of_token" in column:
-        tokens = _column(columns["columns"]["token"], n, columns)
+        tokens = _column(columns["columns"]["token"], n, columns, document)
         values: list[Any] = [_utf8(token) for token in tokens]
         for i, value in column["utf8_of_token"]:
             values[i] = value
         return values
     if "lists" in column:
-        flat = _entries(column["entries"]) if column["entries"] is not None else []
+        flat = _entries(column["entries"], document) if column["entries"] is not None else []
         counts = column["lists"]
         if isinstance(counts, int):
             counts = [counts] * n
