@@ -51,21 +51,30 @@ Storage (issue 13: stored bytes per rollout <= 10% of FileLogger's, printed as a
 line). The logprobs were most of it: each output's 200 entries written out in full
 (`{"token":...,"logprob":...,"bytes":[...],"top_logprobs":[]}`, ~90 characters each,
 ~105 KiB of the 145 KiB). Blobs holding token logprob lists are now stored in the compact
-form of `artstore/eventstore/blob_codec.py` (tokens and logprobs as columns, `bytes` left
-out where it is the token's UTF-8, one key order per list; read back as the same text).
-Measured 2026-12-01, 2-core machine shared with other sessions (load average 3 to 5),
-Python 3.11 / ART 0.5.18:
+form of `artstore/eventstore/blob_codec.py` (logprobs as one column; tokens as the
+lengths that cut the message's content into them; `bytes` left out where it is the
+token's UTF-8; one key order per list), which reads back as the same text: an output
+blob of 21.9 KB is stored in 5.1 KB. Measured 2026-12-01, 2-core machine shared with
+other sessions (load average 4 to 8), bytes per rollout:
 
-  | | stored / rollout | vs FileLogger (853.2 KiB) | on disk SQLite | on disk PostgreSQL |
+  | | stored | vs FileLogger | on disk SQLite | on disk PostgreSQL |
   |---|---|---|---|---|
-  | before | 145.2 KiB | 17.0% | 179.9 KiB | 70.9 KiB |
-  | after | 54.4 KiB | 6.4% (PASS) | 93.9 KiB | 62.9 KiB |
+  | before, ART 0.5.18 (py311) | 145.2 KiB | 17.0% of 853.2 KiB | 179.9 KiB | 70.9 KiB |
+  | after, ART 0.5.18 (py311) | 43.0 KiB | 5.0% (PASS) | 74.3 KiB | 56.8 KiB |
+  | before, ART 0.5.23 (py313) | 145.2 KiB | 26.4% of 550.4 KiB | 179.9 KiB | 70.8 KiB |
+  | after, ART 0.5.23 (py313) | 43.0 KiB | 7.8% (PASS) | 74.4 KiB | 57.0 KiB |
 
-PostgreSQL compressed the long bodies already (TOAST), so its disk gains less; SQLite's
-file also holds the projections (`trajectory_messages`, `llm_calls`) and indexes. The
-median time added per call and the rebuild time did not move beyond the machine's noise
-(0.37 -> 0.41 ms; rebuild 1,642 -> 1,549 ms on SQLite): the compact form is made in the
-store's writer, and read back in the blob layer, before the rebuild sees any text.
+ART 0.5.23's FileLogger writes only its text file (hence 550 KiB), and rebuilds from the
+entries it holds in memory, not from anything stored: its rebuild (160-440 ms) is not a
+rebuild from storage, and the "no slower than FileLogger's" check FAILs on that ART,
+before this change as after. PostgreSQL compressed the long bodies already (TOAST), so
+its disk gains less; SQLite's file also holds the projections (`trajectory_messages`,
+`llm_calls`) and indexes. Cost: the compact form is made in the store's writer (~0.9 ms
+of CPU per 200-token output, off the caller's path: the median time added per call
+stayed 0.37-0.45 ms, within the noise), and each compact blob read is written out as
+text again and its hash checked (~0.2 ms per output, ~80 ms of the rebuild of 64
+trajectories); the rebuild ratio to FileLogger on ART 0.5.18 was 1.6-2.2x before and
+2.0x after, the machine too loaded to see a difference.
 
 Run it from the repository root:
 
