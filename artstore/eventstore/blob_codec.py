@@ -8,8 +8,8 @@ key order written once) a 200-token answer takes a quarter of its text (21.9 KB 
 KB; tools/bench_capture.py). It is a codec layer under the blob store: writers hand the
 store a blob's text, readers get that text back, character for character; only
 `blobs.body` holds the compact form, and `blobs.codec` names it (NULL: the body is the
-text itself, as every blob written before the codec existed). No SQL view reads `blobs` (`artstore sql` may read
-only the views), so SQL users see nothing of the codec.
+text itself, as every blob written before the codec existed). No SQL view reads `blobs`
+(`artstore sql` may read only the views), so SQL users see nothing of the codec.
 
 The stored form, codec `"logprob-columns/1"`, is JSON (Python's dialect, as blob text
 is: `-Infinity`, `Infinity`, `NaN` allowed, everything else ASCII):
