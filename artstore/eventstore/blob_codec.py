@@ -68,6 +68,8 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+from artstore.errors import BlobReadError
+
 CODEC = "logprob-columns/1"
 _MIN_ENTRIES = 2
 _MIN_TEXT = 512  # shorter texts gain too little to be worth a parse
@@ -106,7 +108,7 @@ def expand(body: str, codec: str | None, render: Callable[[Any], str]) -> str:
 def expand_document(body: str, codec: str = CODEC) -> Any:
     """The document of a compact body."""
     if codec != CODEC:
-        raise ValueError(f"unknown blob codec {codec!r}")
+        raise BlobReadError(f"unknown blob codec {codec!r} (written by a newer artstore?)")
     stored = json.loads(body)
     document = stored["document"]
     for path, columns in stored["lists"]:
