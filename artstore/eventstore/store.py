@@ -43,7 +43,7 @@ from artstore.errors import (
     WrongExpectedVersionError,
 )
 from artstore.events import Event, decode_event, encode_event
-from artstore.eventstore.blobs import EncodedJson
+from artstore.eventstore.blobs import EncodedJson, blob_row, read_blob_texts
 from artstore.eventstore.database import Database, Writer, translate_error
 from artstore.redaction import Redactor
 from artstore.schema.tables import blobs, events
@@ -416,7 +416,7 @@ class EventStore:
         # In one order in every process: on PostgreSQL blobs are written before the append
         # lock, and two transactions inserting the same two blobs in opposite orders would
         # each wait for the other.
-        rows = [{"hash": h, "body": b, "size": len(b)} for h, b in sorted(new.items())]
+        rows = [blob_row(h, b) for h, b in sorted(new.items())]
         self.database.insert_missing(connection, blobs, "hash", rows)
 
     def _remember_head(self, stream_id: str, version: int) -> None:
@@ -491,15 +491,9 @@ class EventStore:
 
     async def get_blobs(self, hashes: Iterable[str]) -> dict[str, str]:
         """Bodies of content-addressed blobs by hash (missing hashes are left out)."""
-        wanted = list(dict.fromkeys(hashes))
-        found: dict[str, str] = {}
+        wanted = list(hashes)
         async with self.database.read() as connection:
-            for start in range(0, len(wanted), 500):
-                query = select(blobs.c.hash, blobs.c.body).where(
-                    blobs.c.hash.in_(wanted[start : start + 500])
-                )
-                found.update({row.hash: row.body for row in await connection.execute(query)})
-        return found
+            return await connection.run_sync(read_blob_texts, wanted)
 
     # --- lifecycle ----------------------------------------------------------------------
 

@@ -117,9 +117,12 @@ events = Table(
 blobs = Table(
     "blobs",
     metadata,
-    Column("hash", String(64), primary_key=True),  # sha256 of `body`
-    Column("body", Text, nullable=False),  # canonical JSON
-    Column("size", Integer, nullable=False),
+    Column("hash", String(64), primary_key=True),  # sha256 of the blob's text
+    # The text itself when `codec` is NULL, else its compact form (eventstore/blob_codec.py);
+    # read through eventstore.blobs.read_blob_texts, which gives the text back either way.
+    Column("body", Text, nullable=False),
+    Column("size", Integer, nullable=False),  # characters of `body` as stored
+    Column("codec", String(32)),
 )
 
 # PostgreSQL: every transaction that appends events holds an EXCLUSIVE lock on this empty
