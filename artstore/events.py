@@ -17,6 +17,8 @@ Streams:
 
 from __future__ import annotations
 
+import os
+import time
 import uuid
 from datetime import datetime
 from typing import Any, ClassVar, Literal, TypeVar
@@ -29,7 +31,23 @@ JSONValue = Any  # anything `json.dumps` accepts; checked when the event is enco
 
 
 def new_id() -> str:
-    return str(uuid.uuid4())
+    """A UUID version 7 (RFC 9562): the Unix time in milliseconds, then 74 random bits.
+
+    Time-ordered, so that ids made one after another sort next to each other: the unique
+    index on `events.event_id` (and every index on a rollout or group id) takes a new id
+    on its last page instead of on a random one. With random (version 4) ids a commit of
+    100 events rewrote ~100 index pages; now it rewrites one or two. Still 36 characters,
+    still unique (74 random bits per millisecond), still a valid UUID.
+    """
+    random = int.from_bytes(os.urandom(10), "big")
+    value = (
+        (time.time_ns() // 1_000_000) << 80  # unix_ts_ms: 48 bits
+        | 0x7 << 76  # version
+        | (random >> 68) << 64  # rand_a: 12 bits
+        | 0x2 << 62  # variant (RFC 9562)
+        | random & ((1 << 62) - 1)  # rand_b: 62 bits
+    )
+    return str(uuid.UUID(int=value))
 
 
 class Event(BaseModel):
