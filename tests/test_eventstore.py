@@ -504,3 +504,24 @@ def test_event_ids_are_time_ordered_uuids():
     )
     # The first 48 bits are the time in milliseconds: ids made later never sort earlier.
     assert [u.int >> 80 for u in parsed] == sorted(u.int >> 80 for u in parsed)
+
+
+async def test_an_append_after_queued_ones_is_written_after_them(store):
+    """A lone `append` may commit without the writer task (SQLite), never ahead of what
+    the same task queued before it, and with the same checks as any append."""
+    first = store.append_nowait("run-o", [finished("o1")], NO_STREAM)
+    second = await store.append("run-o", [finished("o2")], expected_version=1)
+    third = await store.append("run-o", [finished("o3")], expected_version=2)
+    assert ((await first).version, second.version, third.version) == (1, 2, 3)
+    with pytest.raises(WrongExpectedVersionError):
+        await store.append("run-o", [finished("stale")], expected_version=2)
+    retried = await store.append("run-o", [finished("o4")], expected_version=3)
+    again = await store.append("run-o", [finished("o4-again")], expected_version=4)
+    assert (retried.version, again.version) == (4, 5)
+    assert [e.decode().run for e in await store.read_stream("run-o")] == [
+        "o1",
+        "o2",
+        "o3",
+        "o4",
+        "o4-again",
+    ]

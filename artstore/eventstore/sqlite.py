@@ -279,12 +279,19 @@ class SQLiteWriter(Writer):
         self._thread: ThreadPoolExecutor | None = None
         self._busy_timeout_s = SQLITE_BUSY_TIMEOUT_S  # as the connection is opened
 
+    writes_now = True
+
     async def transaction(self, work: Callable[[Connection], T], *, events: int = 0) -> T:
         if 0 < events <= INLINE_MAX_EVENTS:
             done, result = self._try_inline(work)
             if done:
                 return result  # type: ignore[return-value]
         return await self._in_thread(lambda: self._waiting(work))
+
+    def write_now(self, work: Callable[[Connection], T], *, events: int) -> tuple[bool, T | None]:
+        if not 0 < events <= INLINE_MAX_EVENTS:
+            return False, None
+        return self._try_inline(work)
 
     def _try_inline(self, work: Callable[[Connection], T]) -> tuple[bool, T | None]:
         """Run `work` here when the write lock is free now; (False, None) when it is not."""
