@@ -127,6 +127,7 @@ class EventStore:
         self.transactions = 0  # write transactions committed: group commit at work
         self._appending = 0  # `append` calls not answered yet
         self._writing = False  # the writer task holds a batch
+        self._commit_now = False  # set by `append` around its call of `append_nowait`
         self._events_since_statistics = 0
         # The last guard of invariant 7: every payload is checked for the secrets known
         # here (key-like environment variables, and the keys of the models in use) and
@@ -170,19 +171,18 @@ class EventStore:
         try:
             if self._write is not None and self._write.writes_now:
                 # Let every appender that is ready to run queue its append first: when
-                # this one is then alone, it commits here and now, without the two hops
-                # through the writer task; when not, the writer commits them together.
+                # this one is then alone, append_nowait commits it here and now, without
+                # the two hops through the writer task; when not, the writer commits
+                # them together (group commit).
                 await asyncio.sleep(0)
-                if self._appending == 1 and self._writer_idle():
-                    item = self._new_append(
-                        stream_id, new_events, expected_version, blobs, condition
-                    )
-                    if self._write_now(item):
-                        return item.result  # type: ignore[return-value]
-                    return await self._enqueue(item)
-            return await self.append_nowait(
-                stream_id, new_events, expected_version, blobs=blobs, condition=condition
-            )
+                self._commit_now = self._appending == 1
+            try:
+                future = self.append_nowait(
+                    stream_id, new_events, expected_version, blobs=blobs, condition=condition
+                )
+            finally:
+                self._commit_now = False
+            return await future
         finally:
             self._appending -= 1
 
@@ -198,11 +198,15 @@ class EventStore:
         """Queue an append and return at once; the future resolves when it is committed.
 
         Appends queued by one task are written in the order they were queued. Invalid
-        events raise here, before anything is queued.
+        events raise here, before anything is queued. (Called by `append` for an append
+        that is alone, with nothing queued, it may commit it before returning: every
+        append goes through here.)
         """
-        return self._enqueue(
-            self._new_append(stream_id, new_events, expected_version, blobs, condition)
-        )
+        item = self._new_append(stream_id, new_events, expected_version, blobs, condition)
+        if self._commit_now and self._writer_idle() and self._write_now(item):
+            item.future.set_result(item.result)  # type: ignore[arg-type]
+            return item.future
+        return self._enqueue(item)
 
     def _new_append(
         self,
