@@ -73,7 +73,12 @@ when nothing is queued (two hops through the writer task saved; concurrent appen
 still share a transaction). CPU per event, artstore vs eventsourcing: sequential 169 -> 84
 us vs 48-79, batch100 57 -> 29 vs 16-20, concurrent64 70 -> 41 vs 77-98. Rates before
 (main, load ~1): sequential 5,667 vs 15,474 (0.37x), concurrent64 13,365 vs 8,571 (1.56x),
-batch100 14,947 vs 41,211 (0.36x); after: see the last run's table and README.
+batch100 14,947 vs 41,211 (0.36x). After, load ~6: sequential 8,959 vs 15,950 (0.56x,
+MISS), concurrent64 15,823 vs 7,281 (2.17x, PASS), batch100 24,857 vs 43,724 (0.57x, MISS);
+three runs at load 7 to 10: sequential 0.58-0.69x, batch100 0.52-0.62x, concurrent64
+0.84-1.16x (MISS). With 64 threads eventsourcing gets a bigger share of two busy cores than
+artstore's one event-loop thread, so the concurrent64 ratio falls as the load rises; by
+CPU time per event artstore needs about half of what eventsourcing does there.
 
 What is left between artstore and eventsourcing for one writer is below Python: the
 driver alone on artstore's table (sqlite3, no Python layers) spends ~50 us CPU on a
