@@ -117,8 +117,8 @@ def test_the_newest_views_revision_matches_views_py():
     assert newest["postgresql"] == views.create_statements(postgresql.dialect())
 
 
-async def test_0007_drops_the_type_index_and_keeps_every_event(database_url):
-    """Upgrading a store written at 0006 keeps its events; a downgrade brings the index back."""
+async def test_0008_drops_the_type_index_and_keeps_every_event(database_url):
+    """Upgrading a store written at 0007 keeps its events; a downgrade brings the index back."""
     engine = create_async_engine(resolve_url(database_url))
     stored = {
         "event_id": new_id(),
@@ -136,7 +136,7 @@ async def test_0007_drops_the_type_index_and_keeps_every_event(database_url):
     def downgrade(connection) -> None:
         config = migrate.alembic_config()
         config.attributes["connection"] = connection
-        command.downgrade(config, "0006")
+        command.downgrade(config, "0007")
 
     def read_events(connection) -> list[tuple]:
         rows = connection.execute(select(events).order_by(events.c.position)).all()
@@ -144,12 +144,12 @@ async def test_0007_drops_the_type_index_and_keeps_every_event(database_url):
 
     try:
         async with engine.begin() as connection:
-            await connection.run_sync(migrate.upgrade, "0006")
+            await connection.run_sync(migrate.upgrade, "0007")
             assert await connection.run_sync(type_indexes) == ["ix_events_type"]
             await connection.execute(events.insert(), [stored])
             before = await connection.run_sync(read_events)
         async with engine.begin() as connection:
-            await connection.run_sync(migrate.upgrade, "0007")
+            await connection.run_sync(migrate.upgrade, "0008")
             assert await connection.run_sync(type_indexes) == []
             assert await connection.run_sync(read_events) == before
         async with engine.begin() as connection:

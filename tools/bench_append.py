@@ -66,7 +66,7 @@ unchanged. Found, per event: a commit of 100 events rewrote ~100 pages of the un
 event-id index, because the ids were random (UUIDv4), and the type index on top; a
 single-event commit wrote ~6.3 WAL frames where eventsourcing's writes ~4.3 (its table
 has one key, no event id, no triggers). Changed: event ids artstore makes are UUIDv7
-(time-ordered: new ids land on the index's last page), the `type` index is dropped (0007;
+(time-ordered: new ids land on the index's last page), the `type` index is dropped (0008;
 no query needs it), the writer's BEGIN, position query and INSERT go straight to the
 driver (no SQLAlchemy statement machinery), and a lone `append` commits on its own task
 when nothing is queued (two hops through the writer task saved; concurrent appenders

@@ -110,7 +110,7 @@ events = Table(
     Column("data", Json, nullable=False),
     Column("recorded_at", Timestamp, nullable=False),
     UniqueConstraint("stream_id", "version"),
-    # No index on `type` (dropped in 0007): each append paid for it and no query needs it.
+    # No index on `type` (dropped in 0008): each append paid for it and no query needs it.
     sqlite_autoincrement=True,
 )
 
