@@ -1,6 +1,7 @@
 """The SQL views for analysis, declared once; migration 0002 created them, 0003 recreated
 them over PostgreSQL's `json` columns, 0006 over the projections shaped for them (call
-totals on `rollouts`, `latest_rewards`).
+totals on `rollouts`, `latest_rewards`), 0007 over what each train step trained, kept on
+`train_steps`.
 
 Each view is a SQLAlchemy Core `select()` over the projection tables, compiled for the
 database at hand. Everything a view shows is the same on SQLite and on PostgreSQL: the
@@ -691,28 +692,10 @@ def _v_groups() -> Select:
 
 
 def _v_train_steps() -> Select:
+    # What a step trained (its groups' policy rollouts with a latest reward by its scorer,
+    # their count and mean) is kept on its row (artstore/projections/trained.py): no join
+    # of every rollout and latest reward for every query.
     ts = t.train_steps
-    inner = t.train_steps.alias("step")
-    group = elements(inner.c.group_ids, "step_group")
-    latest = _latest_rewards("latest")
-    ro = t.rollouts.alias("trained")
-    trained = (
-        select(
-            inner.c.id,
-            func.count(latest.c.reward).label("num_trajectories"),
-            func.avg(latest.c.reward).label("reward_mean"),
-        )
-        .select_from(
-            inner.join(group, true())
-            .join(ro, and_(ro.c.group_id == element_text(group), _is_policy(ro.c.role)))
-            .join(
-                latest,
-                and_(latest.c.rollout_id == ro.c.rollout_id, latest.c.scorer == inner.c.scorer),
-            )
-        )
-        .group_by(inner.c.id)
-        .subquery("trained")
-    )
     return select(
         ts.c.id,
         ts.c.run,
@@ -722,8 +705,8 @@ def _v_train_steps() -> Select:
         ts.c.status,
         ts.c.scorer,
         ts.c.num_groups,
-        func.coalesce(trained.c.num_trajectories, 0).label("num_trajectories"),
-        trained.c.reward_mean,
+        ts.c.num_trajectories,
+        ts.c.reward_mean,
         ts.c.checkpoint,
         ts.c.pushed_to,
         _flag(ts.c.reconciled).label("reconciled"),
@@ -734,7 +717,7 @@ def _v_train_steps() -> Select:
         ts.c.duration_s,
         json_or_null(ts.c.group_ids).label("group_ids"),
         json_or_null(ts.c.metrics).label("metrics"),
-    ).select_from(ts.outerjoin(trained, trained.c.id == ts.c.id))
+    )
 
 
 def _v_train_step_metrics() -> Select:
