@@ -1,6 +1,7 @@
-"""What each train step trained (`train_steps.num_trajectories`, `reward_mean`), kept on
-the step's row by artstore/projections/trained.py: always what v_train_steps joined at
-query time before revision 0007, whatever the order the events come in.
+"""What each train step trained (`train_steps.num_trajectories`, `reward_mean`) and each
+rollout's reward (`rollouts.reward`), kept on their rows by artstore/projections/trained.py
+and rollout_rewards.py: always what v_train_steps and v_rollouts joined at query time
+before revision 0007, whatever the order the events come in.
 
 The reference here is worked out from other views (v_rollouts for a rollout's group and
 role, v_latest_rewards for its latest reward by the step's scorer), not from the columns
@@ -67,7 +68,19 @@ async def expected_by_step(store) -> dict[int, tuple[int, float | None]]:
     return expected
 
 
+async def assert_rollout_rewards(store) -> None:
+    """v_rollouts.reward (kept on the rollout's row) is its latest by the run's scorer."""
+    rollouts = await _rows(store, "SELECT rollout_id, scorer, reward FROM v_rollouts")
+    latest = {
+        (r["rollout_id"], r["scorer"]): r["reward"]
+        for r in await _rows(store, "SELECT rollout_id, scorer, reward FROM v_latest_rewards")
+    }
+    for r in rollouts:
+        assert r["reward"] == latest.get((r["rollout_id"], r["scorer"])), r
+
+
 async def assert_as_joined(store) -> dict[int, tuple[int, float | None]]:
+    await assert_rollout_rewards(store)
     found, expected = await trained_by_step(store), await expected_by_step(store)
     assert found.keys() == expected.keys()
     for step_id, (count, mean) in expected.items():
@@ -198,3 +211,32 @@ async def test_revision_0007_fills_in_what_the_steps_of_a_stored_run_trained(sto
         await connection.run_sync(migrate_to, "head", True)
     assert await trained_by_step(store) == before
     await assert_as_joined(store)
+
+
+async def test_a_rollout_reward_follows_its_run_scorer_set_later(store):
+    """Rollouts recorded under a run nobody started (scorer `reward`), then the run starts
+    with scorer `correct`: v_rollouts shows the rewards by `correct` from then on."""
+    await _rollout(store, "d1", "gd")
+    await store.append(
+        "group-gd",
+        [
+            RewardsRecorded(group_id="gd", scorer="correct", rewards={"d1": 0.75}),
+            RewardsRecorded(group_id="gd", scorer="reward", rewards={"d1": 0.5}),
+        ],
+    )
+    await assert_rollout_rewards(store)
+    assert [r["reward"] for r in await _rows(store, "SELECT reward FROM v_rollouts")] == [0.5]
+    run = RunStarted(
+        run=RUN,
+        project="trained",
+        model="agent",
+        config={},
+        scenarios=[],
+        scorer="correct",
+        trainer="host:1",
+    )
+    await store.append(f"run-{RUN}", [run])
+    await assert_rollout_rewards(store)
+    assert [r["reward"] for r in await _rows(store, "SELECT reward FROM v_rollouts")] == [0.75]
+    await store.rebuild_projections()
+    assert [r["reward"] for r in await _rows(store, "SELECT reward FROM v_rollouts")] == [0.75]

@@ -40,7 +40,7 @@ from artstore.events import (
     TrajectoryRecorded,
 )
 from artstore.eventstore.store import RecordedEvent, recorded_from_row
-from artstore.projections import trained
+from artstore.projections import rollout_rewards, trained
 from artstore.projections.imported import imported_message_rows, load_bodies
 from artstore.projections.recorded import recorded_blob_hashes
 from artstore.projections.trajectories import StoredCalls, message_rows
@@ -266,8 +266,8 @@ class BulkProjection:
     groups: list[dict[str, Any]] = field(default_factory=list)
     rewards: list[dict[str, Any]] = field(default_factory=list)
     latest: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    # Rollouts whose latest reward, group or row changed: the train steps of their groups
-    # sum again what they trained (artstore/projections/trained.py).
+    # Rollouts whose latest reward, group, run or row changed: their `reward` is set again
+    # and the train steps of their groups sum again what they trained.
     touched: set[str] = field(default_factory=set)
 
     @classmethod
@@ -492,6 +492,7 @@ class BulkProjection:
         if self.finished:
             self._project_messages(self.finished)
         if self.touched:
+            rollout_rewards.refresh_rewards(c, self.touched)
             trained.refresh_for_rollouts(c, self.touched)
         self._clear()
 

@@ -30,7 +30,7 @@ from artstore.events import (
     TrajectoryImported,
 )
 from artstore.eventstore.store import RecordedEvent, recorded_from_row
-from artstore.projections import trained
+from artstore.projections import rollout_rewards, trained
 from artstore.projections.bulk import (
     BULK_TYPES,
     BulkProjection,
@@ -123,6 +123,7 @@ def _run_started(c: Connection, e: RunStarted, r: RecordedEvent) -> None:
     found = c.execute(update(t.runs).where(t.runs.c.run == e.run).values(**values)).rowcount
     if not found:
         c.execute(t.runs.insert().values(run=e.run, started_at=r.recorded_at, **values))
+    rollout_rewards.refresh_run_rewards(c, e.run)  # by this scorer now
 
 
 @handles(RunResumed)
@@ -315,6 +316,7 @@ def _run_imported(c: Connection, e: RunImported, r: RecordedEvent) -> None:
                 finished_at=r.recorded_at,
             )
         )
+        rollout_rewards.refresh_run_rewards(c, e.run)
 
 
 @handles(TrajectoryImported)

@@ -176,6 +176,8 @@ rollouts = Table(
     Column("total_tokens", BigInteger),
     Column("num_tool_calls", Integer, nullable=False, server_default="0"),
     Column("llm_latency_s", Float),
+    # The latest reward by the run's scorer (artstore/projections/rollout_rewards.py).
+    Column("reward", Float),
     Column("started_at", Timestamp, nullable=False),
     Column("finished_at", Timestamp),
     Column("duration_s", Float),
@@ -183,13 +185,14 @@ rollouts = Table(
     Index(None, "run", "status"),
     Index(None, "group_id"),
     # Covers what the per-step questions read of a rollout (reward curve, tokens per
-    # step): SQLite reads this index instead of the rows with their scenarios and results.
+    # step), in their order: SQLite reads this index alone, neither the rows (with their
+    # scenarios and results) nor a sort.
     Index(
         "ix_rollouts_run_policy_step",
         "run",
         "policy_step",
         "role",
-        "rollout_id",
+        "reward",
         "num_llm_calls",
         "prompt_tokens",
         "completion_tokens",

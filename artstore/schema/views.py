@@ -1,7 +1,7 @@
 """The SQL views for analysis, declared once; migration 0002 created them, 0003 recreated
 them over PostgreSQL's `json` columns, 0006 over the projections shaped for them (call
 totals on `rollouts`, `latest_rewards`), 0007 over what each train step trained, kept on
-`train_steps`.
+`train_steps`, and each rollout's reward, kept on `rollouts`.
 
 Each view is a SQLAlchemy Core `select()` over the projection tables, compiled for the
 database at hand. Everything a view shows is the same on SQLite and on PostgreSQL: the
@@ -463,9 +463,10 @@ def _v_runs() -> Select:
 
 
 def _v_rollouts() -> Select:
-    # The call totals are kept on the rollout's row and the latest rewards in a table of
-    # their own (artstore/projections/bulk.py): no aggregate over llm_calls or rewards.
-    ro, ru, latest = t.rollouts, t.runs, t.latest_rewards
+    # The call totals and the latest reward by the run's scorer are kept on the rollout's
+    # row (artstore/projections/bulk.py, rollout_rewards.py): no aggregate over llm_calls,
+    # no lookup in latest_rewards.
+    ro, ru = t.rollouts, t.runs
     return select(
         ro.c.rollout_id,
         ro.c.run,
@@ -484,18 +485,14 @@ def _v_rollouts() -> Select:
         ro.c.num_tool_calls,
         ro.c.llm_latency_s,
         ru.c.scorer,
-        latest.c.reward,
+        ro.c.reward,
         utc_text(ro.c.started_at).label("started_at"),
         utc_text(ro.c.finished_at).label("finished_at"),
         ro.c.duration_s,
         _flag(ro.c.imported).label("imported"),
         json_or_null(ro.c.scenario).label("scenario"),
         json_or_null(ro.c.result).label("result"),
-    ).select_from(
-        ro.outerjoin(ru, ru.c.run == ro.c.run).outerjoin(
-            latest, (latest.c.rollout_id == ro.c.rollout_id) & (latest.c.scorer == ru.c.scorer)
-        )
-    )
+    ).select_from(ro.outerjoin(ru, ru.c.run == ro.c.run))
 
 
 def _v_llm_calls() -> Select:
