@@ -968,13 +968,16 @@ async def main(argv: Sequence[str] | None = None) -> int:
                 url = conninfo
             store = await artstore.open_store(url)
             stores.append(store)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             await record(store, plan)
-            seconds = time.perf_counter() - start
+            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
             recording[database] = plan.events / seconds
+            # CPU time of this process (all its threads; not PostgreSQL's server): what the
+            # other sessions on a shared machine do not change as much as the wall clock.
             console.print(
                 f"recorded on {database}: {seconds:.1f} s ({plan.events / seconds:,.0f} events/s, "
-                f"{store.transactions} transactions)"
+                f"{store.transactions} transactions; this process's CPU {cpu:.1f} s = "
+                f"{plan.events / cpu:,.0f} events per CPU second)"
             )
             if database == "sqlite":
                 if args.sqlite_analyze:
