@@ -30,6 +30,7 @@ from artstore.events import (
     TrajectoryImported,
 )
 from artstore.eventstore.store import RecordedEvent, recorded_from_row
+from artstore.projections import rollout_rewards, trained
 from artstore.projections.bulk import (
     BULK_TYPES,
     BulkProjection,
@@ -122,6 +123,7 @@ def _run_started(c: Connection, e: RunStarted, r: RecordedEvent) -> None:
     found = c.execute(update(t.runs).where(t.runs.c.run == e.run).values(**values)).rowcount
     if not found:
         c.execute(t.runs.insert().values(run=e.run, started_at=r.recorded_at, **values))
+    rollout_rewards.refresh_run_rewards(c, e.run)  # by this scorer now
 
 
 @handles(RunResumed)
@@ -170,7 +172,7 @@ def _rollout_failed(c: Connection, e: RolloutFailed, r: RecordedEvent) -> None:
 @handles(TrainStepStarted)
 def _train_step_started(c: Connection, e: TrainStepStarted, r: RecordedEvent) -> None:
     implicit_run(c, e.run, e.model, r.recorded_at)
-    c.execute(
+    inserted = c.execute(
         t.train_steps.insert().values(
             run=e.run,
             model=e.model,
@@ -183,6 +185,12 @@ def _train_step_started(c: Connection, e: TrainStepStarted, r: RecordedEvent) ->
             started_at=r.recorded_at,
         )
     )
+    _new_step(c, inserted.inserted_primary_key[0], e.group_ids)
+
+
+def _new_step(c: Connection, step_id: int, group_ids: list[str]) -> None:
+    trained.add_step_groups(c, step_id, group_ids)
+    trained.refresh_trained(c, [step_id])
 
 
 def _open_step_id(c: Connection, run: str, model: str) -> int | None:
@@ -227,7 +235,7 @@ def _train_step_completed(c: Connection, e: TrainStepCompleted, r: RecordedEvent
     implicit_run(c, e.run, e.model, r.recorded_at)
     step_id = _open_step_id(c, e.run, e.model)
     if step_id is None:  # reconciled after a crash, or recorded by a replay of its own
-        c.execute(
+        inserted = c.execute(
             t.train_steps.insert().values(
                 run=e.run,
                 model=e.model,
@@ -238,7 +246,8 @@ def _train_step_completed(c: Connection, e: TrainStepCompleted, r: RecordedEvent
                 **values,
             )
         )
-    else:
+        _new_step(c, inserted.inserted_primary_key[0], e.group_ids)
+    else:  # its groups and scorer are the started step's: what it trained is summed
         c.execute(update(t.train_steps).where(t.train_steps.c.id == step_id).values(values))
     c.execute(
         t.group_consumptions.insert(),
@@ -307,6 +316,7 @@ def _run_imported(c: Connection, e: RunImported, r: RecordedEvent) -> None:
                 finished_at=r.recorded_at,
             )
         )
+        rollout_rewards.refresh_run_rewards(c, e.run)
 
 
 @handles(TrajectoryImported)

@@ -7,7 +7,8 @@ Two kinds of table:
   (UPDATE, DELETE, TRUNCATE, and on SQLite the REPLACE that deletes before inserting);
 - projections (read models) built from the events inside the same transaction that
   appends them: runs, rollouts, llm_calls, rewards, latest_rewards, groups, group_consumptions,
-  train_steps, trajectory_messages. They can be rebuilt from the events at any time;
+  train_steps, train_step_groups, trajectory_messages. They can be rebuilt from the events
+  at any time;
 - coordination of rollout workers on PostgreSQL (worker_runs, rollout_claims,
   group_claims): who may do which piece of a run's work now. Not projections and not
   history: a claim says who holds a lease, the events say what happened.
@@ -32,6 +33,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
@@ -177,12 +179,29 @@ rollouts = Table(
     Column("total_tokens", BigInteger),
     Column("num_tool_calls", Integer, nullable=False, server_default="0"),
     Column("llm_latency_s", Float),
+    # The latest reward by the run's scorer (artstore/projections/rollout_rewards.py).
+    Column("reward", Float),
     Column("started_at", Timestamp, nullable=False),
     Column("finished_at", Timestamp),
     Column("duration_s", Float),
     Column("imported", Boolean, nullable=False, default=False),
     Index(None, "run", "status"),
     Index(None, "group_id"),
+    # Covers what the per-step questions read of a rollout (reward curve, tokens per
+    # step), in their order: SQLite reads this index alone, neither the rows (with their
+    # scenarios and results) nor a sort.
+    Index(
+        "ix_rollouts_run_policy_step",
+        "run",
+        "policy_step",
+        "role",
+        "reward",
+        "num_llm_calls",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "llm_latency_s",
+    ),
 )
 
 llm_calls = Table(
@@ -210,6 +229,14 @@ llm_calls = Table(
     Column("streamed", Boolean, nullable=False, server_default=false()),
     Column("art_exchange", Boolean, nullable=False, server_default=false()),  # ART captured it
     Index(None, "rollout_id", "call_index"),
+    # The calls that reported no latency (rare): tokens_per_step.sql counts them per step
+    # without reading every call.
+    Index(
+        "ix_llm_calls_untimed",
+        "rollout_id",
+        sqlite_where=text("latency_s IS NULL"),
+        postgresql_where=text("latency_s IS NULL"),
+    ),
 )
 
 groups = Table(
@@ -279,8 +306,23 @@ train_steps = Table(
     Column("started_at", Timestamp),
     Column("finished_at", Timestamp),
     Column("duration_s", Float),
+    # What v_train_steps shows of the rollouts trained: the policy rollouts of the step's
+    # groups that have a latest reward by the step's scorer, their count and mean reward.
+    # Kept up to date by artstore/projections/trained.py whenever the step, those rewards
+    # or those rollouts' groups change (a re-scoring after training included).
+    Column("num_trajectories", Integer, nullable=False, server_default="0"),
+    Column("reward_mean", Float),
     Index(None, "run", "model"),
     sqlite_autoincrement=True,
+)
+
+# Which train steps name a group (train_steps.group_ids, one row per distinct group): how
+# a new reward or a group's new member finds the steps whose numbers it changes.
+train_step_groups = Table(
+    "train_step_groups",
+    metadata,
+    Column("group_id", ID, primary_key=True),
+    Column("train_step_id", Position, primary_key=True),
 )
 
 # Invariant 4: a group is consumed by a given trained model at most once. Written in the
@@ -319,6 +361,7 @@ PROJECTION_TABLES = (
     rewards,
     latest_rewards,
     train_steps,
+    train_step_groups,
     group_consumptions,
     trajectory_messages,
 )

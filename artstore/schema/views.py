@@ -1,6 +1,7 @@
 """The SQL views for analysis, declared once; migration 0002 created them, 0003 recreated
 them over PostgreSQL's `json` columns, 0006 over the projections shaped for them (call
-totals on `rollouts`, `latest_rewards`).
+totals on `rollouts`, `latest_rewards`), 0007 over what each train step trained, kept on
+`train_steps`, and each rollout's reward, kept on `rollouts`.
 
 Each view is a SQLAlchemy Core `select()` over the projection tables, compiled for the
 database at hand. Everything a view shows is the same on SQLite and on PostgreSQL: the
@@ -462,9 +463,10 @@ def _v_runs() -> Select:
 
 
 def _v_rollouts() -> Select:
-    # The call totals are kept on the rollout's row and the latest rewards in a table of
-    # their own (artstore/projections/bulk.py): no aggregate over llm_calls or rewards.
-    ro, ru, latest = t.rollouts, t.runs, t.latest_rewards
+    # The call totals and the latest reward by the run's scorer are kept on the rollout's
+    # row (artstore/projections/bulk.py, rollout_rewards.py): no aggregate over llm_calls,
+    # no lookup in latest_rewards.
+    ro, ru = t.rollouts, t.runs
     return select(
         ro.c.rollout_id,
         ro.c.run,
@@ -483,18 +485,14 @@ def _v_rollouts() -> Select:
         ro.c.num_tool_calls,
         ro.c.llm_latency_s,
         ru.c.scorer,
-        latest.c.reward,
+        ro.c.reward,
         utc_text(ro.c.started_at).label("started_at"),
         utc_text(ro.c.finished_at).label("finished_at"),
         ro.c.duration_s,
         _flag(ro.c.imported).label("imported"),
         json_or_null(ro.c.scenario).label("scenario"),
         json_or_null(ro.c.result).label("result"),
-    ).select_from(
-        ro.outerjoin(ru, ru.c.run == ro.c.run).outerjoin(
-            latest, (latest.c.rollout_id == ro.c.rollout_id) & (latest.c.scorer == ru.c.scorer)
-        )
-    )
+    ).select_from(ro.outerjoin(ru, ru.c.run == ro.c.run))
 
 
 def _v_llm_calls() -> Select:
@@ -691,28 +689,10 @@ def _v_groups() -> Select:
 
 
 def _v_train_steps() -> Select:
+    # What a step trained (its groups' policy rollouts with a latest reward by its scorer,
+    # their count and mean) is kept on its row (artstore/projections/trained.py): no join
+    # of every rollout and latest reward for every query.
     ts = t.train_steps
-    inner = t.train_steps.alias("step")
-    group = elements(inner.c.group_ids, "step_group")
-    latest = _latest_rewards("latest")
-    ro = t.rollouts.alias("trained")
-    trained = (
-        select(
-            inner.c.id,
-            func.count(latest.c.reward).label("num_trajectories"),
-            func.avg(latest.c.reward).label("reward_mean"),
-        )
-        .select_from(
-            inner.join(group, true())
-            .join(ro, and_(ro.c.group_id == element_text(group), _is_policy(ro.c.role)))
-            .join(
-                latest,
-                and_(latest.c.rollout_id == ro.c.rollout_id, latest.c.scorer == inner.c.scorer),
-            )
-        )
-        .group_by(inner.c.id)
-        .subquery("trained")
-    )
     return select(
         ts.c.id,
         ts.c.run,
@@ -722,8 +702,8 @@ def _v_train_steps() -> Select:
         ts.c.status,
         ts.c.scorer,
         ts.c.num_groups,
-        func.coalesce(trained.c.num_trajectories, 0).label("num_trajectories"),
-        trained.c.reward_mean,
+        ts.c.num_trajectories,
+        ts.c.reward_mean,
         ts.c.checkpoint,
         ts.c.pushed_to,
         _flag(ts.c.reconciled).label("reconciled"),
@@ -734,7 +714,7 @@ def _v_train_steps() -> Select:
         ts.c.duration_s,
         json_or_null(ts.c.group_ids).label("group_ids"),
         json_or_null(ts.c.metrics).label("metrics"),
-    ).select_from(ts.outerjoin(trained, trained.c.id == ts.c.id))
+    )
 
 
 def _v_train_step_metrics() -> Select:

@@ -17,10 +17,13 @@ WITH steps AS (
     WHERE role = 'policy' AND policy_step IS NOT NULL AND num_llm_calls > 0
     GROUP BY run, policy_step
 ),
+-- COALESCE keeps the join of a call to its rollout an outer one, so that the database
+-- starts from the few calls without a latency (an index holds just those) instead of
+-- reading every call of every policy rollout.
 untimed AS (
     SELECT run, policy_step, COUNT(*) AS num_llm_calls
     FROM v_llm_calls
-    WHERE latency_s IS NULL AND role = 'policy' AND policy_step IS NOT NULL
+    WHERE latency_s IS NULL AND COALESCE(role, '') = 'policy' AND policy_step IS NOT NULL
     GROUP BY run, policy_step
 )
 SELECT
