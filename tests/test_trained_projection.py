@@ -1,7 +1,7 @@
 """What each train step trained (`train_steps.num_trajectories`, `reward_mean`) and each
 rollout's reward (`rollouts.reward`), kept on their rows by artstore/projections/trained.py
 and rollout_rewards.py: always what v_train_steps and v_rollouts joined at query time
-before revision 0007, whatever the order the events come in.
+before revision 0009, whatever the order the events come in.
 
 The reference here is worked out from other views (v_rollouts for a rollout's group and
 role, v_latest_rewards for its latest reward by the step's scorer), not from the columns
@@ -195,8 +195,8 @@ async def test_one_append_with_the_whole_run_in_it(store):
     assert store.transactions == transactions + 1  # the whole run in one
 
 
-async def test_revision_0007_fills_in_what_the_steps_of_a_stored_run_trained(store):
-    """Downgraded to 0006 (the join at query time, no columns) and upgraded again: the
+async def test_revision_0009_fills_in_what_the_steps_of_a_stored_run_trained(store):
+    """Downgraded to 0008 (the join at query time, no columns) and upgraded again: the
     same numbers, summed by the revision's own SQL."""
     await record_run(store)
     before = await trained_by_step(store)
@@ -207,7 +207,7 @@ async def test_revision_0007_fills_in_what_the_steps_of_a_stored_run_trained(sto
         (command.upgrade if up else command.downgrade)(config, revision)
 
     async with store.database.write() as connection:
-        await connection.run_sync(migrate_to, "0006", False)
+        await connection.run_sync(migrate_to, "0008", False)
         await connection.run_sync(migrate_to, "head", True)
     assert await trained_by_step(store) == before
     await assert_as_joined(store)

@@ -173,7 +173,7 @@ sessions (load average 1 at the start, 5 to 13 for the rest):
   5,207 ev/s on PostgreSQL (9.0x) at load 1, 3,090 and 2,558 ev/s at load 7, 1,204 and
   1,021 ev/s at load 11 (5,823 and 6,638 events per CPU second). What is left is the
   append (eventstore, not changed here) and the message rows (trajectories.py).
-- analysis, three changes (revision 0007):
+- analysis, three changes (revision 0009):
   - train-step reward: v_train_steps joined every trained rollout to its group and
     latest reward at each query (PostgreSQL: two hash joins over all rollouts and latest
     rewards, 17 ms of execution at 10,000 rollouts under EXPLAIN ANALYZE; no index

@@ -1,6 +1,6 @@
 """The SQL views for analysis, declared once; migration 0002 created them, 0003 recreated
 them over PostgreSQL's `json` columns, 0006 over the projections shaped for them (call
-totals on `rollouts`, `latest_rewards`), 0007 over what each train step trained, kept on
+totals on `rollouts`, `latest_rewards`), 0009 over what each train step trained, kept on
 `train_steps`, and each rollout's reward, kept on `rollouts`.
 
 Each view is a SQLAlchemy Core `select()` over the projection tables, compiled for the

@@ -1,7 +1,7 @@
 """what each train step trained and each rollout's reward, kept; per-step indexes
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0009
+Revises: 0008
 Create Date: 2026-12-01 14:30:00.000000
 
 `train_steps` gets `num_trajectories` and `reward_mean` (the policy rollouts of its groups
@@ -28,8 +28,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007"
-down_revision: str | None = "0006"
+revision: str = "0009"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
