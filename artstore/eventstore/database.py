@@ -58,6 +58,15 @@ class Writer:
         small transaction without a hop to another thread."""
         raise NotImplementedError
 
+    # Whether `insert_and_commit` is offered (a database where a transaction that only
+    # inserts events is cheaper as one statement that commits by itself).
+    single_statement_appends: ClassVar[bool] = False
+
+    async def insert_and_commit(self, rows: list[dict[str, Any]]) -> list[int]:
+        """Insert event rows (with their versions) in one statement that commits by itself,
+        holding the append lock as a transaction does; their positions, in that order."""
+        raise NotImplementedError
+
     async def refresh_statistics(self) -> None:
         """Help the query planner after many appends (where the database needs it)."""
 

@@ -27,12 +27,13 @@ from typing import Any, TypeVar
 from sqlalchemy import BigInteger, Table, cast, column, func, literal, select, table, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from artstore.errors import ConfigurationError, QueryError
 from artstore.eventstore.blobs import serialize
-from artstore.eventstore.database import Database, Writer
+from artstore.eventstore.database import Database, Writer, translate_error
 from artstore.schema.tables import events
 
 # Key of the advisory lock that makes migrations wait for each other ("artstore" + 1).
@@ -353,23 +354,78 @@ def _server_options(options: str) -> dict[str, str]:
     return found
 
 
+# Events inserted by one statement that commits by itself (autocommit): one round trip,
+# and the append lock, taken by the statement trigger, is held only while the server
+# inserts and commits. The arrays keep the rows' order, so positions follow it.
+_INSERT_AND_COMMIT = text(
+    "INSERT INTO events (event_id, stream_id, version, type, data, recorded_at) "
+    "SELECT * FROM unnest(CAST(:event_ids AS varchar[]), CAST(:stream_ids AS varchar[]), "
+    "CAST(:versions AS integer[]), CAST(:types AS varchar[]), CAST(:data AS json[]), "
+    "CAST(:recorded_at AS timestamptz[])) "
+    "RETURNING event_id, position"
+)
+
+
 class PostgresWriter(Writer):
     """Write transactions on a connection of the writer's own, kept for the store's life,
     each holding the append lock from its INSERT into `events` until it commits."""
+
+    single_statement_appends = True
 
     def __init__(self, database: PostgresDatabase) -> None:
         self.database = database
         self._connection: AsyncConnection | None = None
 
+    async def _writer_connection(self) -> AsyncConnection:
+        if self._connection is None:
+            self._connection = await self.database.open_connection(self.database.writer_engine)
+        return self._connection
+
     async def transaction(self, work: Callable[[Connection], T], *, events: int = 0) -> T:
         # No LOCK here: the statement trigger on `events` takes the append lock at the
         # INSERT, so that the round trips before it (stream heads, blobs, a condition)
         # run without it and appenders of other processes overlap there.
-        if self._connection is None:
-            self._connection = await self.database.open_connection(self.database.writer_engine)
+        connection = await self._writer_connection()
         return await self.database.run_write(
-            lambda connection: connection.run_sync(work), connection=self._connection
+            lambda active: active.run_sync(work), connection=connection
         )
+
+    async def insert_and_commit(self, rows: list[dict[str, Any]]) -> list[int]:
+        connection = await self._writer_connection()
+        parameters = {
+            "event_ids": [row["event_id"] for row in rows],
+            "stream_ids": [row["stream_id"] for row in rows],
+            "versions": [row["version"] for row in rows],
+            "types": [row["type"] for row in rows],
+            "data": [serialize(row["data"]) for row in rows],
+            "recorded_at": [row["recorded_at"] for row in rows],
+        }
+        # Autocommit for this statement alone (no BEGIN, no COMMIT of the client's):
+        # switching costs no round trip, and the connection is back to its transactions
+        # afterwards whatever happened.
+        default = connection.dialect.default_isolation_level or "READ COMMITTED"
+        await connection.execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            result = await connection.execute(_INSERT_AND_COMMIT, parameters)
+            found = {row.event_id: row.position for row in result}
+            await connection.commit()  # SQLAlchemy's own bookkeeping: the server committed
+        except DBAPIError as exc:
+            with contextlib.suppress(Exception):
+                await connection.rollback()
+            translated = translate_error(exc, self.database)
+            if translated is exc:
+                raise
+            raise translated from exc
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await connection.rollback()
+            raise
+        finally:
+            try:
+                await connection.execution_options(isolation_level=default)
+            except Exception:
+                await self.reset()  # never run a later transaction in autocommit
+        return [found[row["event_id"]] for row in rows]
 
     async def reset(self) -> None:
         if self._connection is not None:
