@@ -491,6 +491,33 @@ async def test_single_statement_appends_keep_every_check(database_url):
         await other.close()
 
 
+async def test_a_reader_stops_below_a_concurrent_append_in_flight(postgres_url):
+    # Appends with nothing to project run side by side on PostgreSQL and may commit out of
+    # position order: a reader following positions must stop below one still in flight
+    # (here a transaction holding a position, open), and read it in order once it commits.
+    import psycopg
+
+    async with await artstore.open_store(postgres_url) as store:
+        before = await store.append("thing-0", [NotProjected(n=0)], NO_STREAM)
+        conninfo = postgres_url.replace("postgresql+asyncpg://", "postgresql://")
+        with psycopg.connect(conninfo) as held:  # a transaction, left open
+            held_position = held.execute(
+                "SELECT inserted_position FROM artstore_insert_events(ARRAY['held-1'], "
+                "ARRAY['thing-held'], ARRAY[1], ARRAY['test.not_projected'], "
+                """ARRAY['{"n": 1}'::json], ARRAY[now()])"""
+            ).fetchone()[0]
+            later = await store.append("thing-2", [NotProjected(n=2)], NO_STREAM)
+            assert store.single_statement_transactions == 2  # not behind the open one
+            assert before.positions[0] < held_position < later.positions[0]
+            seen = [e.position for e in await store.read_all(after=0)]
+            assert seen == before.positions  # not the later one: the held one may commit
+            assert await store.last_position() == before.positions[0]
+            held.commit()
+        seen = [e.position for e in await store.read_all(after=before.positions[0])]
+        assert seen == [held_position, later.positions[0]]
+        assert await store.last_position() == later.positions[0]
+
+
 async def test_a_failed_small_sqlite_transaction_leaves_nothing_and_the_writer_usable(tmp_path):
     url = f"sqlite:///{tmp_path / 'failed.db'}"
     await (await artstore.open_store(url)).close()  # migrated

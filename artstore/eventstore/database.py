@@ -203,6 +203,13 @@ class Database:
         """Insert the rows whose `key` is not stored yet (content-addressed blobs)."""
         raise NotImplementedError
 
+    async def safe_position(self, connection: AsyncConnection) -> int | None:
+        """The highest position a reader may read up to now: every committed event at or
+        below it is visible, and no event at or below it commits later (None: any, where
+        positions are handed out in commit order). Ask in a statement of its own, before
+        the statement that reads the events (READ COMMITTED: a later snapshot)."""
+        return None
+
     def lock_appends(self, connection: Connection) -> None:
         """Hold appenders off until this transaction ends (a rebuild of the projections)."""
         raise NotImplementedError

@@ -95,6 +95,7 @@ class PostgresDatabase(Database):
         # own work: a user query may leave session state (an advisory lock) that the
         # session's reset takes away, but nothing else ever sees it.
         self.query_engine = query_engine
+        self._has_watermark = False  # whether artstore_safe_position() exists (0007)
 
     @classmethod
     def connect(cls, url: URL, *, read_only: bool = False) -> PostgresDatabase:
@@ -150,6 +151,18 @@ class PostgresDatabase(Database):
     ) -> None:
         statement = postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
         connection.execute(statement, rows)
+
+    async def safe_position(self, connection: AsyncConnection) -> int | None:
+        if not self._has_watermark:
+            # A store not upgraded to 0007 (read-only) has no concurrent appends yet;
+            # asked again each time, so that a reader sees the upgrade when it comes.
+            found = await connection.execute(
+                select(func.to_regprocedure("artstore_safe_position()").is_not(None))
+            )
+            self._has_watermark = bool(found.scalar())
+            if not self._has_watermark:
+                return None
+        return (await connection.execute(select(func.artstore_safe_position()))).scalar()
 
     def lock_appends(self, connection: Connection) -> None:
         connection.exec_driver_sql("LOCK TABLE append_lock IN EXCLUSIVE MODE")
@@ -354,15 +367,15 @@ def _server_options(options: str) -> dict[str, str]:
     return found
 
 
-# Events inserted by one statement that commits by itself (autocommit): one round trip,
-# and the append lock, taken by the statement trigger, is held only while the server
-# inserts and commits. The arrays keep the rows' order, so positions follow it.
+# Events inserted by one statement that commits by itself (autocommit): one round trip.
+# The function (migration 0007) makes the INSERT concurrent: it shares the append lock
+# with other such appends and holds an advisory key below its positions, which readers
+# stop at (`safe_position`). The arrays keep the rows' order, so positions follow it.
 _INSERT_AND_COMMIT = text(
-    "INSERT INTO events (event_id, stream_id, version, type, data, recorded_at) "
-    "SELECT * FROM unnest(CAST(:event_ids AS varchar[]), CAST(:stream_ids AS varchar[]), "
+    "SELECT inserted_event_id, inserted_position FROM artstore_insert_events("
+    "CAST(:event_ids AS varchar[]), CAST(:stream_ids AS varchar[]), "
     "CAST(:versions AS integer[]), CAST(:types AS varchar[]), CAST(:data AS json[]), "
-    "CAST(:recorded_at AS timestamptz[])) "
-    "RETURNING event_id, position"
+    "CAST(:recorded_at AS timestamptz[]))"
 )
 
 
@@ -407,7 +420,7 @@ class PostgresWriter(Writer):
         await connection.execution_options(isolation_level="AUTOCOMMIT")
         try:
             result = await connection.execute(_INSERT_AND_COMMIT, parameters)
-            found = {row.event_id: row.position for row in result}
+            found = {row.inserted_event_id: row.inserted_position for row in result}
             await connection.commit()  # SQLAlchemy's own bookkeeping: the server committed
         except DBAPIError as exc:
             with contextlib.suppress(Exception):

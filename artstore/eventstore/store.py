@@ -536,6 +536,9 @@ class EventStore:
             query = query.where(events.c.type.in_(types))
         query = query.order_by(events.c.position).limit(limit)
         async with self.database.read() as connection:
+            safe = await self.database.safe_position(connection)
+            if safe is not None:  # appends in flight below: read up to them only
+                query = query.where(events.c.position <= safe)
             return [recorded_from_row(row) for row in await connection.execute(query)]
 
     async def iter_all(
@@ -553,8 +556,13 @@ class EventStore:
         return heads.get(stream_id, 0)
 
     async def last_position(self) -> int:
+        """The position a reader catching up would reach now (see `read_all`)."""
+        query = select(func.max(events.c.position))
         async with self.database.read() as connection:
-            return (await connection.execute(select(func.max(events.c.position)))).scalar() or 0
+            safe = await self.database.safe_position(connection)
+            if safe is not None:
+                query = query.where(events.c.position <= safe)
+            return (await connection.execute(query)).scalar() or 0
 
     async def get_blobs(self, hashes: Iterable[str]) -> dict[str, str]:
         """Bodies of content-addressed blobs by hash (missing hashes are left out)."""
