@@ -7,7 +7,8 @@ file:
 - `artstore.eventstore.sqlite`: one machine, a file; WAL, `BEGIN IMMEDIATE`, a writer
   thread with its own connection;
 - `artstore.eventstore.postgres`: many machines; an asyncpg pool, a table lock that
-  orders appends (from the INSERT into `events` to commit), session locks for trainers.
+  orders appends (from the INSERT into `events` to commit; appends with nothing to
+  project share it and readers stop below those in flight), session locks for trainers.
 
 `connect(url)` picks the module from the URL.
 """

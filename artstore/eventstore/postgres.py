@@ -1,11 +1,15 @@
 """artstore on PostgreSQL: many machines, one database.
 
-Every appending transaction holds an EXCLUSIVE lock on the table `append_lock` from its
+An appending transaction holds an EXCLUSIVE lock on the table `append_lock` from its
 INSERT into `events` until it commits, taken by a statement trigger of the schema (the
 writer does what needs no order first), so that global positions are handed out in
 commit order and a reader catching up from a position never misses an event
-(PostgreSQL sequences alone are not commit-ordered). Trainers hold a session-level
-advisory lock per model, which the server releases when their connection dies.
+(PostgreSQL sequences alone are not commit-ordered). Appends with nothing to project
+(one statement that commits by itself, `artstore_insert_events` of migration 0007) run
+side by side instead: they share the lock and hold an advisory key below their positions,
+and readers read up to `artstore_safe_position()` only, which stays below every such
+append in flight. Trainers hold a session-level advisory lock per model, which the server
+releases when their connection dies.
 
 Every session has timeouts, so that a stuck or stopped process cannot freeze the others:
 a lock is waited for `lock_timeout` at most, and a session left idle inside a transaction

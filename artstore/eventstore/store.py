@@ -8,16 +8,16 @@ its client-made event ids, and checked against its expected stream version. A wr
 transaction (events, blobs, and the projections of the events) is synchronous SQL run in
 one call by the database's `Writer` (artstore.eventstore.sqlite / .postgres).
 
-Global positions are commit-ordered on both databases, so a reader catching up with
-`read_all(after=...)` sees every committed event exactly once, in order (invariant 3):
-SQLite has one writer at a time; on PostgreSQL every appending transaction holds one
-lock (on the table `append_lock`) from its INSERT into `events` until it commits, taken
-by a statement trigger of the schema. Everything that needs no order (stream heads, the
-expected-version check, a condition, blobs) is done before that INSERT, so that the lock
-is held for the INSERT, the projections and the commit only. A batch with nothing else to
-do (no condition, no new blob, nothing to project, every stream's head known) is one
-INSERT that commits by itself where the database offers it (PostgreSQL): the lock is then
-held for the server's own work, not for a round trip to the client.
+A reader catching up with `read_all(after=...)` sees every committed event exactly once,
+in order (invariant 3). SQLite has one writer at a time. On PostgreSQL an appending
+transaction holds one lock (on the table `append_lock`) from its INSERT into `events`
+until it commits, taken by a statement trigger of the schema; everything that needs no
+order (stream heads, the expected-version check, a condition, blobs) is done before that
+INSERT, so that the lock is held for the INSERT, the projections and the commit only. A
+batch with nothing else to do (no condition, no new blob, nothing to project, every
+stream's head known) is one INSERT that commits by itself (`Writer.insert_and_commit`);
+on PostgreSQL such appends run side by side and may commit out of position order, so
+readers read up to `Database.safe_position` only (see artstore.eventstore.postgres).
 """
 
 from __future__ import annotations
