@@ -208,7 +208,8 @@ class Database:
         """The highest position a reader may read up to now: every committed event at or
         below it is visible, and no event at or below it commits later (None: any, where
         positions are handed out in commit order). Ask in a statement of its own, before
-        the statement that reads the events (READ COMMITTED: a later snapshot)."""
+        the statement that reads the events, in a READ COMMITTED transaction (the events'
+        snapshot is then taken after it)."""
         return None
 
     def lock_appends(self, connection: Connection) -> None:

@@ -46,6 +46,7 @@ MIGRATION_LOCK_KEY = 7021802808247546470
 # the views and nothing else.
 READER_ROLE = "artstore_reader"
 T = TypeVar("T")
+READ_COMMITTED = "READ COMMITTED"
 
 # Every session's defaults (the URL's `options=-c name=value` wins over them).
 SESSION_SETTINGS = {
@@ -110,6 +111,9 @@ class PostgresDatabase(Database):
         bare = url.set(query={})
         engine = create_async_engine(
             bare,
+            # Whatever the server's default: a read up to `safe_position` needs a snapshot
+            # taken after it, and the writer's head re-read needs the other's commit.
+            isolation_level=READ_COMMITTED,
             pool_size=8,
             max_overflow=8,
             # A pooled connection the server dropped (a restart, a network cut, a session
@@ -120,6 +124,7 @@ class PostgresDatabase(Database):
         )
         writer_engine = create_async_engine(
             bare,
+            isolation_level=READ_COMMITTED,
             poolclass=NullPool,  # one connection, kept by the writer for the store's life
             json_serializer=serialize,
             connect_args={
@@ -420,7 +425,6 @@ class PostgresWriter(Writer):
         # Autocommit for this statement alone (no BEGIN, no COMMIT of the client's):
         # switching costs no round trip, and the connection is back to its transactions
         # afterwards whatever happened.
-        default = connection.dialect.default_isolation_level or "READ COMMITTED"
         await connection.execution_options(isolation_level="AUTOCOMMIT")
         try:
             result = await connection.execute(_INSERT_AND_COMMIT, parameters)
@@ -439,7 +443,7 @@ class PostgresWriter(Writer):
             raise
         finally:
             try:
-                await connection.execution_options(isolation_level=default)
+                await connection.execution_options(isolation_level=READ_COMMITTED)
             except Exception:
                 await self.reset()  # never run a later transaction in autocommit
         return [found[row["event_id"]] for row in rows]
