@@ -61,7 +61,7 @@ class Writer:
 
     # Whether `insert_and_commit` is offered (a database where a transaction that only
     # inserts events is cheaper as one statement that commits by itself).
-    single_statement_appends: ClassVar[bool] = False
+    single_statement_appends: bool = False
 
     async def insert_and_commit(self, rows: list[dict[str, Any]]) -> list[int]:
         """Insert event rows (with their versions) in one statement that commits by itself,

@@ -388,6 +388,10 @@ _INSERT_AND_COMMIT = text(
 )
 
 
+# The function is missing (a schema before 0007) or may not be run (set_config revoked).
+_NOT_OFFERED = ("42883", "42501")
+
+
 class PostgresWriter(Writer):
     """Write transactions on a connection of the writer's own, kept for the store's life,
     each holding the append lock from its INSERT into `events` until it commits."""
@@ -433,6 +437,8 @@ class PostgresWriter(Writer):
         except DBAPIError as exc:
             with contextlib.suppress(Exception):
                 await connection.rollback()
+            if getattr(exc.orig, "sqlstate", None) in _NOT_OFFERED:
+                self.single_statement_appends = False  # transactions from now on
             translated = translate_error(exc, self.database)
             if translated is exc:
                 raise

@@ -72,19 +72,23 @@ BEGIN
 END $$
 """
 
-# The setting is the function's own (restored when it returns), not set_config's, which
-# migration 0003 may have revoked from PUBLIC.
+# The setting is set in the body: PostgreSQL 15 refuses a plain user a function's own
+# SET clause for a custom setting. Where migration 0003 revoked set_config from PUBLIC
+# (run as a superuser) and a plain user writes, the call fails and the writer goes back
+# to transactions for good.
 _INSERT_EVENTS = """
 CREATE FUNCTION artstore_insert_events(
     event_ids varchar[], stream_ids varchar[], versions integer[], types varchar[],
     data json[], recorded_at timestamptz[]
 ) RETURNS TABLE (inserted_event_id varchar, inserted_position bigint)
-LANGUAGE plpgsql SET artstore.concurrent_append = 'on' AS $$
+LANGUAGE plpgsql AS $$
 BEGIN
+    PERFORM set_config('artstore.concurrent_append', 'on', true);
     RETURN QUERY
         INSERT INTO events AS e (event_id, stream_id, version, type, data, recorded_at)
         SELECT * FROM unnest(event_ids, stream_ids, versions, types, data, recorded_at)
         RETURNING e.event_id, e.position;
+    PERFORM set_config('artstore.concurrent_append', 'off', true);
 END $$
 """
 
