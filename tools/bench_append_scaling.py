@@ -29,15 +29,18 @@ out. eventsourcing takes `LOCK TABLE ... IN EXCLUSIVE MODE` in every transaction
 holds it across its round trips.
 
 Measured 2026-12-01 on the 2-core machine, shared with other helpers' work (load average
-6 to 9 throughout), 4 s windows, 3 rounds, medians (events/s):
+6 to 10 throughout), 4 s windows, 3 rounds, medians (events/s); "before" and "after" are
+separate runs, eventsourcing was measured side by side with "after":
 
-    processes   artstore before   artstore after   eventsourcing (same run as "after")
-    1                139               248               91
-    2                338               519              110
-    4                434             1,064              120
-    8                410             1,384              129
-    8 / 1           2.95x  MISS        5.58x  PASS      1.42x
+    processes   artstore before   artstore after   eventsourcing
+    1                139               234               86
+    2                338               515               95
+    4                434             1,038              134
+    8                410             2,062              132
+    8 / 1           2.95x  MISS        8.83x  PASS      1.52x
 
+An earlier run of the same code under the same load gave 248 / 519 / 1,064 / 1,384 =
+5.58x (PASS); the rounds of one cell vary by up to 2x on this machine.
 "before": the lock held across the INSERT's round trip and the COMMIT for every append.
 An intermediate step, the single statement still under the EXCLUSIVE lock, gave 265 /
 550 / 821 / 916 = 3.46x (MISS): the lock was then held for the server's INSERT and its
