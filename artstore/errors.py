@@ -86,6 +86,10 @@ class ImmutableEventError(ArtstoreError):
     """Something tried to change or delete a stored event or blob."""
 
 
+class BlobReadError(ArtstoreError):
+    """A blob stored in a compact form did not read back as the text its hash names."""
+
+
 class GroupAlreadyConsumedError(ArtstoreError):
     """A trajectory group was already trained into this model (invariant 4)."""
 

@@ -17,7 +17,8 @@ Streams:
 
 from __future__ import annotations
 
-import uuid
+import os
+import time
 from datetime import datetime
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -29,7 +30,18 @@ JSONValue = Any  # anything `json.dumps` accepts; checked when the event is enco
 
 
 def new_id() -> str:
-    return str(uuid.uuid4())
+    """A UUID version 7 (RFC 9562): the Unix time in milliseconds, then 74 random bits.
+
+    Time-ordered, so that ids made one after another sort next to each other: the unique
+    index on `events.event_id` (and every index on a rollout or group id) takes a new id
+    on its last page instead of on a random one. With random (version 4) ids a commit of
+    100 events rewrote ~100 index pages; now it rewrites one or two. Still 36 characters,
+    still unique (74 random bits per millisecond), still a valid UUID.
+    """
+    millis = f"{time.time_ns() // 1_000_000:012x}"  # unix_ts_ms: 48 bits
+    random = os.urandom(10).hex()  # 80 bits, of which 74 are used
+    variant = "89ab"[int(random[3], 16) & 3]  # the bits 10, then 2 random bits
+    return f"{millis[:8]}-{millis[8:]}-7{random[:3]}-{variant}{random[4:7]}-{random[7:19]}"
 
 
 class Event(BaseModel):

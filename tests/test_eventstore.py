@@ -6,10 +6,13 @@ import asyncio
 import math
 import subprocess
 import sys
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select, text
+from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
 import artstore
 from artstore.errors import (
@@ -22,9 +25,17 @@ from artstore.errors import (
     UnknownEventTypeError,
     WrongExpectedVersionError,
 )
-from artstore.events import Event, RewardsRecorded, RunFinished, decode_event, event_type
+from artstore.events import (
+    Event,
+    RewardsRecorded,
+    RunFinished,
+    decode_event,
+    event_type,
+    new_id,
+)
 from artstore.eventstore import NO_STREAM, encode_blob
 from artstore.eventstore.database import connect, translate_error
+from artstore.eventstore.sqlite import sqlite_timestamp
 from artstore.eventstore.store import EventStore
 from artstore.projections import project, projected_types
 from artstore.schema.tables import blobs, events
@@ -539,3 +550,79 @@ async def test_a_failed_small_sqlite_transaction_leaves_nothing_and_the_writer_u
         assert await count_events(store) == 2
     finally:
         await store.close()
+
+
+async def test_the_envelope_is_stored_as_sqlalchemy_stores_it(store):
+    """The SQLite writer binds values itself (not through SQLAlchemy's statement
+    machinery): a timestamp reads back to the microsecond, in UTC, on both databases, and
+    the text SQLite holds is the text SQLAlchemy's own bind processor makes."""
+    event = finished("exact")
+    result = await store.append("run-exact", [event], NO_STREAM)
+    (recorded,) = await store.read_stream("run-exact")
+    assert (recorded.event_id, recorded.position) == (event.event_id, result.positions[0])
+    assert recorded.recorded_at.utcoffset() == timedelta(0)
+    async with store.database.read() as connection:
+        stored = (
+            await connection.execute(
+                select(events.c.recorded_at).where(events.c.event_id == event.event_id)
+            )
+        ).scalar_one()
+        assert stored.replace(tzinfo=UTC) == recorded.recorded_at
+        if store.dialect == "sqlite":
+            text_stored = (
+                await connection.exec_driver_sql(
+                    "SELECT recorded_at FROM events WHERE event_id = ?", (event.event_id,)
+                )
+            ).scalar_one()
+            bind = events.c.recorded_at.type._cached_bind_processor(connection.dialect)
+            assert text_stored == bind(recorded.recorded_at)
+
+
+def test_sqlite_timestamps_are_written_as_sqlalchemy_writes_them():
+    bind = events.c.recorded_at.type._cached_bind_processor(SQLiteDialect_pysqlite())
+    zones = [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-11))]
+    moments = [
+        datetime(2026, 12, 1, 14, 0, 0, 0, tzinfo=UTC),  # no microseconds: still written
+        datetime(1, 1, 1, 0, 0, 0, 1),  # naive: taken as it is
+        datetime(999, 3, 4, 5, 6, 7, 890123, tzinfo=zones[1]),
+        datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=zones[1]),
+        datetime.now(UTC),
+    ] + [
+        datetime(2026, 1, 1, tzinfo=zone) + timedelta(seconds=k * 7919.123457)
+        for zone in zones
+        for k in range(50)
+    ]
+    assert [sqlite_timestamp(moment) for moment in moments] == [bind(moment) for moment in moments]
+
+
+def test_event_ids_are_time_ordered_uuids():
+    ids = [new_id() for _ in range(1000)]
+    assert len(set(ids)) == len(ids)
+    parsed = [uuid.UUID(value) for value in ids]
+    assert all(
+        str(u) == value and u.version == 7 and u.variant == uuid.RFC_4122
+        for u, value in zip(parsed, ids, strict=True)
+    )
+    # The first 48 bits are the time in milliseconds: ids made later never sort earlier.
+    assert [u.int >> 80 for u in parsed] == sorted(u.int >> 80 for u in parsed)
+
+
+async def test_an_append_after_queued_ones_is_written_after_them(store):
+    """A lone `append` may commit without the writer task (SQLite), never ahead of what
+    the same task queued before it, and with the same checks as any append."""
+    first = store.append_nowait("run-o", [finished("o1")], NO_STREAM)
+    second = await store.append("run-o", [finished("o2")], expected_version=1)
+    third = await store.append("run-o", [finished("o3")], expected_version=2)
+    assert ((await first).version, second.version, third.version) == (1, 2, 3)
+    with pytest.raises(WrongExpectedVersionError):
+        await store.append("run-o", [finished("stale")], expected_version=2)
+    retried = await store.append("run-o", [finished("o4")], expected_version=3)
+    again = await store.append("run-o", [finished("o4-again")], expected_version=4)
+    assert (retried.version, again.version) == (4, 5)
+    assert [e.decode().run for e in await store.read_stream("run-o")] == [
+        "o1",
+        "o2",
+        "o3",
+        "o4",
+        "o4-again",
+    ]

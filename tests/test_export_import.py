@@ -813,13 +813,8 @@ async def test_exchanges_are_kept_whole_and_refused_only_where_art_cannot_hold_t
         for e in await store.read_stream(f"rollout-{rid}")
         if e.type == "trajectory.imported"
     ]
-    bodies = await rows(
-        store,
-        select(t.blobs.c.hash, t.blobs.c.body).where(
-            t.blobs.c.hash.in_([e.exchanges for e in events])
-        ),
-    )
-    by_hash = {digest: json.loads(body) for digest, body in bodies}
+    bodies = await store.get_blobs(e.exchanges for e in events)
+    by_hash = {digest: json.loads(body) for digest, body in bodies.items()}
     assert [by_hash[e.exchanges] for e in events] == in_file
     assert await rows(
         store, select(t.rewards.c.scorer, t.rewards.c.reward).order_by(t.rewards.c.id)

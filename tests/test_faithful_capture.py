@@ -26,6 +26,7 @@ from sqlalchemy import text
 from artstore.art_versions import trainable_model
 from artstore.backends.check_only import CheckOnlyBackend
 from artstore.events import RunStarted
+from artstore.eventstore.blobs import blob_text
 from artstore.exchange.jsonl import export_jsonl
 from artstore.langgraph import init_chat_model
 from artstore.redaction import REDACTED
@@ -35,9 +36,16 @@ TOOLS = [WEATHER_TOOL]
 
 
 async def blob_documents(store: Any) -> list[Any]:
+    """Every blob's document, read back through the blob layer (compact bodies expanded)."""
     async with store.database.read() as connection:
-        bodies = (await connection.execute(text("SELECT body FROM blobs"))).scalars().all()
-    return [json.loads(body) for body in bodies]
+        rows = (await connection.execute(text("SELECT body, codec FROM blobs"))).all()
+    return [json.loads(blob_text(row.body, row.codec)) for row in rows]
+
+
+async def stored_bodies(store: Any) -> list[str]:
+    """The `blobs.body` column as the database holds it."""
+    async with store.database.read() as connection:
+        return (await connection.execute(text("SELECT body FROM blobs"))).scalars().all()
 
 
 def logprob_lists(value: Any) -> list[list[dict[str, Any]]]:
@@ -230,6 +238,7 @@ async def test_a_key_spelled_over_tokens_is_gone_from_everything_stored(
         assert key not in spelled and key.encode() not in spelled_bytes
         assert REDACTED.encode() in spelled_bytes
     assert key not in json.dumps(documents)
+    assert not any(key in body for body in await stored_bodies(store))
     for document in documents:  # the server's token ids of the answer would spell it too
         for choice in (document.get("json") or {}).get("choices") or []:
             assert "token_ids" not in choice

@@ -5,16 +5,21 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from datetime import UTC, datetime
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import text
+from sqlalchemy import inspect, select, text
+from sqlalchemy.ext.asyncio import create_async_engine
 from typer.testing import CliRunner
 
 import artstore
 from artstore.cli import app
+from artstore.events import new_id
 from artstore.schema import migrate
-from artstore.schema.tables import metadata
+from artstore.schema.tables import events, metadata
+from artstore.urls import resolve_url
 
 
 async def test_migrations_create_exactly_the_declared_tables(store):
@@ -110,3 +115,47 @@ def test_the_newest_views_revision_matches_views_py():
     newest = with_views[-1].CREATE_VIEWS
     assert newest["sqlite"] == views.create_statements(sqlite.dialect())
     assert newest["postgresql"] == views.create_statements(postgresql.dialect())
+
+
+async def test_0008_drops_the_type_index_and_keeps_every_event(database_url):
+    """Upgrading a store written at 0007 keeps its events; a downgrade brings the index back."""
+    engine = create_async_engine(resolve_url(database_url))
+    stored = {
+        "event_id": new_id(),
+        "stream_id": "run-old",
+        "version": 1,
+        "type": "run.finished",
+        "data": {"run": "old", "error": None},
+        "recorded_at": datetime(2026, 11, 30, 12, 0, 0, 123456, tzinfo=UTC),
+    }
+
+    def type_indexes(connection) -> list[str]:
+        found = inspect(connection).get_indexes("events")
+        return [index["name"] for index in found if index["column_names"] == ["type"]]
+
+    def downgrade(connection) -> None:
+        config = migrate.alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0007")
+
+    def read_events(connection) -> list[tuple]:
+        rows = connection.execute(select(events).order_by(events.c.position)).all()
+        return [(r.event_id, r.stream_id, r.version, r.type, r.data, r.recorded_at) for r in rows]
+
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(migrate.upgrade, "0007")
+            assert await connection.run_sync(type_indexes) == ["ix_events_type"]
+            await connection.execute(events.insert(), [stored])
+            before = await connection.run_sync(read_events)
+        async with engine.begin() as connection:
+            await connection.run_sync(migrate.upgrade, "0008")
+            assert await connection.run_sync(type_indexes) == []
+            assert await connection.run_sync(read_events) == before
+        async with engine.begin() as connection:
+            await connection.run_sync(downgrade)
+            assert await connection.run_sync(type_indexes) == ["ix_events_type"]
+            assert await connection.run_sync(read_events) == before
+    finally:
+        await engine.dispose()
+    assert before[0][:4] == (stored["event_id"], "run-old", 1, "run.finished")

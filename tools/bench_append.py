@@ -15,10 +15,11 @@ PostgreSQL database (`bench_*`, dropped at the end):
   `PostgresApplicationRecorder`, given `StoredEvent` objects; it is synchronous, so its 64
   writers are 64 threads sharing the recorder (and its connection pool);
 - `raw sqlite3` / `raw psycopg`: the drivers alone, on a table like artstore's (same columns
-  and unique keys): one INSERT + COMMIT per event for single appends (64 threads for the
-  concurrent case), `executemany` in one transaction (SQLite) or `COPY ... FROM STDIN`
-  (PostgreSQL) for batches. Raw writers give no commit-ordered positions, no idempotency
-  and no expected-version check: they bound what the database itself can do.
+  and unique keys, artstore's event ids): one INSERT + COMMIT per event for single appends
+  (64 threads for the concurrent case), `executemany` in one transaction (SQLite) or
+  `COPY ... FROM STDIN` (PostgreSQL) for batches. Raw writers give no commit-ordered
+  positions, no idempotency and no expected-version check: they bound what the database
+  itself can do.
 
 Settings are aligned so that libraries are compared, not settings: every SQLite peer uses
 WAL with `synchronous=NORMAL` (artstore's setting; eventsourcing's default would be FULL);
@@ -54,9 +55,42 @@ trigger takes it, after blobs, stream heads and conditions.
 
 Measured on this machine (2 noisy cores, 5 rounds, medians, SQLite): before, artstore
 sequential 1,938 / concurrent64 4,347 / batch100 4,237 ev/s against eventsourcing's
-5,283 / 4,971 / 17,836; after, see the last run's table. Sequential single-event commits
-and batches of 100 stay behind eventsourcing (MISS): COMMIT of the five pages per event
-dominates, which only a leaner events table would change (a schema change left for later).
+5,283 / 4,971 / 17,836; after, the figures of the paragraph above.
+
+Second round, 2026-12-01 (2-core machine shared with other work, load average 4 to 8 while
+measuring; medians of 5 rounds; CPU time per event from `time.process_time`, which the
+load disturbs less than the rates). Settings are fair: both libraries run SQLite in WAL
+with `synchronous=NORMAL` (a commit survives a killed process; a power cut may lose the
+last commits; eventsourcing's own default would be FULL) and artstore's durability is
+unchanged. Found, per event: a commit of 100 events rewrote ~100 pages of the unique
+event-id index, because the ids were random (UUIDv4), and the type index on top; a
+single-event commit wrote ~6.3 WAL frames where eventsourcing's writes ~4.3 (its table
+has one key, no event id, no triggers). Changed: event ids artstore makes are UUIDv7
+(time-ordered: new ids land on the index's last page), the `type` index is dropped (0008;
+no query needs it), the writer's BEGIN, position query and INSERT go straight to the
+driver (no SQLAlchemy statement machinery), and a lone `append` commits on its own task
+when nothing is queued (two hops through the writer task saved; concurrent appenders
+still share a transaction). CPU per event, artstore vs eventsourcing: sequential 169 -> 84
+us vs 48-79, batch100 57 -> 29 vs 16-20, concurrent64 70 -> 41 vs 77-98. Rates before
+(main, load ~1): sequential 5,667 vs 15,474 (0.37x), concurrent64 13,365 vs 8,571 (1.56x),
+batch100 14,947 vs 41,211 (0.36x). After, load ~6: sequential 8,959 vs 15,950 (0.56x,
+MISS), concurrent64 15,823 vs 7,281 (2.17x, PASS), batch100 24,857 vs 43,724 (0.57x, MISS);
+three runs at load 7 to 10: sequential 0.58-0.69x, batch100 0.52-0.62x, concurrent64
+0.84-1.16x (MISS). With 64 threads eventsourcing gets a bigger share of two busy cores than
+artstore's one event-loop thread, so the concurrent64 ratio falls as the load rises; by
+CPU time per event artstore needs about half of what eventsourcing does there.
+
+What is left between artstore and eventsourcing for one writer is below Python: the
+driver alone on artstore's table (sqlite3, no Python layers) spends ~50 us CPU on a
+single-event BEGIN + INSERT + COMMIT, as much as eventsourcing's whole append (its table
+has one key; artstore's has the unique event id that makes retries idempotent, the
+unique (stream, version) key, AUTOINCREMENT's counter and the trigger that refuses an
+INSERT over a stored event, ~2 us per row). For batches of 100, artstore's payload
+handling (pydantic model, canonical JSON, redaction: ~6 us per event) and the trigger
+come on top of a commit that costs both libraries ~11 us per event. So sequential and
+batch100 stay MISS; AUTOINCREMENT could go (positions are never reused: events are
+never deleted) but only by rebuilding the events table of every existing store, for
+about one page in six of a single-event commit.
 
 Run it from the repository root:
 
@@ -100,7 +134,7 @@ from rich.table import Table
 from sqlalchemy.engine import URL, make_url
 
 import artstore
-from artstore.events import Event, event_type
+from artstore.events import Event, event_type, new_id
 
 SCENARIOS = ("sequential", "concurrent64", "batch100")
 PEERS = ("artstore", "eventsourcing", "raw")
@@ -288,7 +322,6 @@ CREATE TABLE events (
     recorded_at TEXT NOT NULL,
     UNIQUE (stream_id, version)
 );
-CREATE INDEX ix_events_type ON events (type);
 """
 RAW_INSERT = (
     "INSERT INTO events (event_id, stream_id, version, type, data, recorded_at) "
@@ -301,7 +334,7 @@ Row = tuple[str, str, int, str, str, datetime | str]
 def raw_row(stream: str, version: int, i: int, *, iso: bool = False) -> Row:
     recorded_at = now()
     return (
-        str(uuid.uuid4()),
+        new_id(),  # artstore's event ids (time-ordered), as its unique key gets them
         stream,
         version,
         BENCH_TYPE,
@@ -378,7 +411,6 @@ CREATE TABLE events (
     recorded_at TIMESTAMPTZ NOT NULL,
     UNIQUE (stream_id, version)
 );
-CREATE INDEX ix_events_type ON events (type);
 """
 RAW_COPY = "COPY events (event_id, stream_id, version, type, data, recorded_at) FROM STDIN"
 

@@ -123,8 +123,35 @@ Where the time went (profiled on 2,000 rollouts, 10,522 events, 2 busy CPUs):
   take it off the table. All three scale linearly in the rollouts on every engine
   (each reads every rollout, or every parquet row, once); 100,000 rollouts were not
   measured (recording and export take ~10x as long).
-- size: the events' JSON payloads and the blobs (messages with logprobs) are most of the
-  database; the parquet holds no logprobs. Not changed here.
+- size (target: each database within 5x of ART's parquet; printed with where the bytes
+  are, per table with its indexes, from SQLite's `dbstat` and PostgreSQL's
+  `pg_table_size` / `pg_indexes_size`). Measured 2026-12-01, 2-core machine shared with
+  other sessions (load average 4 to 5), Python 3.13 / ART 0.5.23 (parquet format 2),
+  10,000 rollouts: SQLite 104.2 MiB, PostgreSQL 127.9 MiB, parquet 2.1 MiB (x 49.3 and
+  x 60.4: MISS). Where the bytes are:
+
+  | table (+ its indexes) | SQLite | PostgreSQL |
+  |---|---|---|
+  | events | 41.7 + 6.7 MiB (46%) | 41.4 + 10.7 MiB (41%) |
+  | blobs | 23.8 + 3.8 MiB (27%) | 24.0 + 5.8 MiB (23%) |
+  | trajectory_messages | 6.9 + 3.6 MiB (10%) | 9.6 + 6.0 MiB (12%) |
+  | llm_calls | 6.0 + 2.9 MiB (9%) | 6.9 + 4.8 MiB (9%) |
+  | rollouts | 2.8 + 1.3 MiB (4%) | 3.0 + 1.0 MiB (3%) |
+  | rewards, latest_rewards, the rest | ~4 MiB | ~5 MiB |
+
+  `events`: the 30,000 `llm.call` payloads are 27.2 MB of the 41.7 (~907 characters
+  each: sorted keys spelled out in every row, nulls of fields a call does not use, and
+  four to six blob hashes as 64 hex characters, ~330 characters); `rollout.started`
+  3.6 MB, `rollout.finished` 2.3 MB. `blobs`: 48,810 bodies, 397 characters on average
+  (LangChain's message dumps; the 28,783 answers carry two logprob entries each, too few
+  for the logprob codec of bench_capture.py to shorten: none is stored compact here, so
+  the codec leaves this run's size as it was, 104.2 -> 104.3 MiB). The primary key of
+  `blobs` repeats each hash (3.8 MiB). The parquet holds each trajectory once as
+  JSON (`trajectory_json`, logprobs included in format 2: ~2,300 characters a row,
+  22 MB for the run), zstd-compressed about 10x. Reaching 5x (~10 MiB) would take the
+  event log itself in another shape (binary hashes, payloads without the keys and nulls,
+  or compressed bodies): the projections and their indexes alone are ~30 MiB. Not
+  changed here.
 
 Run it from the repository root:
 
@@ -173,6 +200,7 @@ from sqlalchemy.engine import make_url
 
 import artstore
 from artstore.analysis import query
+from artstore.art_versions import parquet_format_version
 from artstore.capture import messages as lc
 from artstore.events import (
     Event,
@@ -510,6 +538,38 @@ def postgres_bytes(conninfo: str) -> int:
         row = connection.execute("SELECT pg_database_size(current_database())").fetchone()
     assert row is not None
     return int(row[0])
+
+
+def sqlite_bytes_by_table(path: Path) -> dict[str, tuple[int, int]]:
+    """(table pages, index pages) in bytes per table, from SQLite's `dbstat`."""
+    with sqlite3.connect(path) as connection:
+        owner = dict(connection.execute("SELECT name, tbl_name FROM sqlite_schema"))
+        pages = connection.execute("SELECT name, SUM(pgsize) FROM dbstat GROUP BY name").fetchall()
+    found: dict[str, tuple[int, int]] = {}
+    for name, used in pages:
+        table = owner.get(name, name)
+        heap, indexes = found.get(table, (0, 0))
+        found[table] = (heap + used, indexes) if table == name else (heap, indexes + used)
+    return found
+
+
+def postgres_bytes_by_table(conninfo: str) -> dict[str, tuple[int, int]]:
+    """(table with its TOAST, indexes) in bytes per table of the public schema."""
+    with psycopg.connect(conninfo) as connection:
+        rows = connection.execute(
+            "SELECT c.relname, pg_table_size(c.oid), pg_indexes_size(c.oid) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind = 'r' AND n.nspname = 'public'"
+        ).fetchall()
+    return {name: (int(heap), int(indexes)) for name, heap, indexes in rows}
+
+
+def where_the_bytes_are(by_table: dict[str, tuple[int, int]], total: int, top: int = 6) -> str:
+    largest = sorted(by_table.items(), key=lambda item: -sum(item[1]))[:top]
+    return ", ".join(
+        f"{name} {size(heap)} + indexes {size(indexes)} ({(heap + indexes) / total:.0%})"
+        for name, (heap, indexes) in largest
+    )
 
 
 def parquet_files(place: Place) -> list[Path]:
@@ -997,18 +1057,26 @@ async def main(argv: Sequence[str] | None = None) -> int:
         if summary.trajectories != plan.rollouts or len(summary.files) != plan.steps:
             raise AssertionError(f"the export is incomplete: {summary}")
 
+        breakdown: list[str] = []
         for database, (store, raw, conninfo) in by_database.items():
             engines += [ArtstoreEngine(f"artstore {database}", store), raw]
             if database == "sqlite":
                 database_sizes[database] = sqlite_bytes(place.sqlite_file)
                 sizes.append(("SQLite file (after checkpoint)", database_sizes[database]))
+                by_table = sqlite_bytes_by_table(place.sqlite_file)
             else:
                 database_sizes[database] = postgres_bytes(conninfo)
                 sizes.append(("PostgreSQL database", database_sizes[database]))
+                by_table = postgres_bytes_by_table(conninfo)
+            total = database_sizes[database]
+            breakdown.append(f"  {database}: {where_the_bytes_are(by_table, total)}")
         parquet = sum(p.stat().st_size for p in parquet_files(place))
-        sizes.append(("ART parquet files", parquet))
+        sizes.append((f"ART parquet files (format {parquet_format_version()})", parquet))
         engines += [DuckdbEngine(place), PolarsEngine(place)]
         console.print("sizes: " + ", ".join(f"{what} {size(n)}" for what, n in sizes))
+        console.print("where the bytes are (largest tables, each with its indexes):")
+        for line in breakdown:
+            console.print(line)
 
         console.print(f"checking results, then {args.repeat} rounds ({load()})")
         timings = await measure(engines, args.repeat, console)

@@ -11,15 +11,29 @@ token's logprob can be `-inf`). Two documents that differ only in key order are 
 blobs. Event payloads are another matter: they are queried with SQL (JSONB on
 PostgreSQL, which orders keys its own way), so `canonical_json` sorts their keys and
 refuses what standard JSON cannot hold.
+
+How a blob's text is kept in the `blobs` table is a codec layer under this: the row holds
+either the text itself (`codec` NULL, every blob written before codecs existed) or a
+compact form that reads back as exactly that text (`blob_codec.py`: token logprobs as
+columns). The hash is always the sha256 of the text, never of the stored form: a blob
+has one hash whatever form it is stored in, the same document sent twice is stored once,
+and the text read back can be checked against its hash. Code that reads blob bodies reads
+them through `read_blob_texts`, never `blobs.body` itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import pydantic_core
+from sqlalchemy import Connection, select
+
+from artstore.errors import BlobReadError
+from artstore.eventstore import blob_codec
+from artstore.schema.tables import blobs
 
 
 def canonical_json(value: Any) -> str:
@@ -73,3 +87,35 @@ def encode_blob(value: Any) -> tuple[str, str]:
     """The (hash, body) under which `value` is stored."""
     body = blob_json(value)
     return blob_hash(body), body
+
+
+def blob_row(digest: str, text: str) -> dict[str, Any]:
+    """The `blobs` row that stores `text`: its compact form where it has one."""
+    body, codec = blob_codec.compact(text, blob_json)
+    return {"hash": digest, "body": body, "codec": codec, "size": len(body)}
+
+
+def blob_text(body: str, codec: str | None) -> str:
+    """A blob's text from its row's `body` and `codec`."""
+    return blob_codec.expand(body, codec, blob_json)
+
+
+def read_blob_texts(connection: Connection, hashes: Iterable[str]) -> dict[str, str]:
+    """The texts of the blobs stored under `hashes` (hashes not stored are left out)."""
+    wanted = list(dict.fromkeys(hashes))
+    found: dict[str, str] = {}
+    for start in range(0, len(wanted), 500):
+        query = select(blobs.c.hash, blobs.c.body, blobs.c.codec).where(
+            blobs.c.hash.in_(wanted[start : start + 500])
+        )
+        for row in connection.execute(query):
+            text = blob_text(row.body, row.codec)
+            # A compact body is written out again on reading (blob_codec's docstring): its
+            # hash is checked, so that no other text is ever handed out under it.
+            if row.codec is not None and blob_hash(text) != row.hash:
+                raise BlobReadError(
+                    f"blob {row.hash} ({row.codec}) does not read back as the text it was "
+                    "stored for"
+                )
+            found[row.hash] = text
+    return found

@@ -68,6 +68,15 @@ class Writer:
         holding the append lock as a transaction does; their positions, in that order."""
         raise NotImplementedError
 
+    # Whether `write_now` may commit a small transaction on the caller's thread (SQLite).
+    writes_now = False
+
+    def write_now(self, work: Callable[[Connection], T], *, events: int) -> tuple[bool, T | None]:
+        """Run `work` in one write transaction here and now, if the database can do that
+        without waiting: (True, its result) once committed, (False, None) when it cannot
+        (the lock is held elsewhere, too many events). An error is raised as it is."""
+        return False, None
+
     async def refresh_statistics(self) -> None:
         """Help the query planner after many appends (where the database needs it)."""
 

@@ -22,18 +22,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 from sqlalchemy import Table, event, select
 from sqlalchemy.engine import URL, Connection, Dialect, Engine, create_engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
 from artstore.errors import NotFoundError
-from artstore.eventstore.blobs import serialize
+from artstore.eventstore.blobs import EncodedJson, serialize
 from artstore.eventstore.database import Database, Writer, translate_error
 from artstore.schema.tables import events
 
@@ -82,7 +83,7 @@ class SQLiteDatabase(Database):
             json_serializer=serialize,
             connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
         )
-        _configure(writer_engine, begin="BEGIN IMMEDIATE")
+        _configure(writer_engine, begin="BEGIN IMMEDIATE", on_driver=True)
         return cls(url, write_engine, read_engine, writer_engine)
 
     @property
@@ -138,17 +139,24 @@ class SQLiteDatabase(Database):
 
     def insert_events(self, connection: Connection, rows: list[dict[str, Any]]) -> list[int]:
         # The writer holds the file's write lock (BEGIN IMMEDIATE), so it numbers the rows
-        # itself, after the highest stored position, in the order given: one plain
-        # executemany on the driver, without RETURNING (SQLAlchemy would send it row by
-        # row) and without compiling a statement per batch. Values go through the
-        # columns' own bind processors, so they are stored exactly as SQLAlchemy stores
-        # them. AUTOINCREMENT's counter follows explicit positions.
-        # Through SQLAlchemy (not the bare cursor), so that a driver error comes out as
-        # SQLAlchemy's, as the store expects.
-        first = connection.exec_driver_sql(_LAST_POSITION).scalar_one() + 1
+        # itself, after the highest position ever handed out, in the order given: one
+        # plain executemany on the driver's connection, without RETURNING (SQLAlchemy
+        # would send it row by row) and without SQLAlchemy's statement machinery, which
+        # cost more than SQLite's work for a single event. Values go through the columns'
+        # own bind processors, so they are stored exactly as SQLAlchemy stores them.
+        # AUTOINCREMENT's counter follows explicit positions, so a client that leaves the
+        # position to SQLite numbers after ours.
+        # AUTOINCREMENT itself (one more page per commit: sqlite_sequence) only keeps a
+        # position from being handed out again after the highest event is deleted, which
+        # the triggers refuse, and positions of a transaction that rolled back were never
+        # seen by a reader; so it could go. It stays because taking it off an existing
+        # SQLite table means rebuilding the table (copying every event) for about one page
+        # in six of a single-event commit.
+        (last,) = _on_driver(connection, _LAST_POSITION).fetchone()
+        first = last + 1
         if self._event_binders is None:
             self._event_binders = _event_binders(connection.dialect)
-        convert = self._event_binders
+        data = self._event_binders.data
         values = [
             (
                 first + offset,
@@ -156,12 +164,15 @@ class SQLiteDatabase(Database):
                 row["stream_id"],
                 row["version"],
                 row["type"],
-                convert.data(row["data"]),
-                convert.recorded_at(row["recorded_at"]),
+                row["data"] if type(row["data"]) is EncodedJson else data(row["data"]),
+                sqlite_timestamp(row["recorded_at"]),
             )
             for offset, row in enumerate(rows)
         ]
-        connection.exec_driver_sql(_INSERT_EVENTS, values)
+        if len(values) == 1:
+            _on_driver(connection, _INSERT_EVENTS, values[0])
+        else:
+            _on_driver(connection, _INSERT_EVENTS, values, many=True)
         return list(range(first, first + len(rows)))
 
     def insert_missing(self, connection: Connection, table: Table, key: str, rows: list[dict]):
@@ -268,12 +279,19 @@ class SQLiteWriter(Writer):
         self._thread: ThreadPoolExecutor | None = None
         self._busy_timeout_s = SQLITE_BUSY_TIMEOUT_S  # as the connection is opened
 
+    writes_now = True
+
     async def transaction(self, work: Callable[[Connection], T], *, events: int = 0) -> T:
         if 0 < events <= INLINE_MAX_EVENTS:
             done, result = self._try_inline(work)
             if done:
                 return result  # type: ignore[return-value]
         return await self._in_thread(lambda: self._waiting(work))
+
+    def write_now(self, work: Callable[[Connection], T], *, events: int) -> tuple[bool, T | None]:
+        if not 0 < events <= INLINE_MAX_EVENTS:
+            return False, None
+        return self._try_inline(work)
 
     def _try_inline(self, work: Callable[[Connection], T]) -> tuple[bool, T | None]:
         """Run `work` here when the write lock is free now; (False, None) when it is not."""
@@ -361,20 +379,41 @@ _INSERT_EVENTS = (
 )
 
 
+def _on_driver(
+    connection: Connection, statement: str, parameters: Any = (), *, many: bool = False
+) -> sqlite3.Cursor:
+    """`statement` on the driver's own connection, in the transaction SQLAlchemy began.
+
+    A driver error comes out as SQLAlchemy's (IntegrityError, OperationalError, ...), as
+    it would through the engine: the store tells a refused append from a lost connection
+    by those classes.
+    """
+    raw = connection.connection.dbapi_connection
+    try:
+        if many:
+            return raw.executemany(statement, parameters)  # type: ignore[union-attr]
+        return raw.execute(statement, parameters)  # type: ignore[union-attr]
+    except sqlite3.Error as exc:
+        raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
+
+
 @dataclass(frozen=True)
 class _EventBinders:
     data: Callable[[Any], Any]
-    recorded_at: Callable[[Any], Any]
 
 
 def _event_binders(dialect: Dialect) -> _EventBinders:
-    """The bind processors of the event columns that have one (JSON text, timestamps)."""
+    """The bind processor of the JSON column, for a payload not encoded yet."""
+    processor = events.c["data"].type._cached_bind_processor(dialect)
+    return _EventBinders(processor or (lambda value: value))
 
-    def binder(column: str) -> Callable[[Any], Any]:
-        processor = events.c[column].type._cached_bind_processor(dialect)
-        return processor or (lambda value: value)
 
-    return _EventBinders(binder("data"), binder("recorded_at"))
+def sqlite_timestamp(value: datetime) -> str:
+    """A `Timestamp` as SQLAlchemy's SQLite dialect stores it (in UTC, without the zone,
+    always with microseconds), at a fraction of the cost of its bind processors."""
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC).replace(tzinfo=None)
+    return value.isoformat(" ", "microseconds")
 
 
 def is_busy(exc: BaseException) -> bool:
@@ -442,7 +481,9 @@ class _QueryGuard:
         self.clock = _Clock()
 
 
-def _configure(engine: Engine, *, begin: str, read_only: bool = False) -> None:
+def _configure(
+    engine: Engine, *, begin: str, read_only: bool = False, on_driver: bool = False
+) -> None:
     @event.listens_for(engine, "connect")
     def configure(dbapi_connection, _record) -> None:
         # Take transaction control from the sqlite3 module so that our BEGIN is the one used.
@@ -464,7 +505,10 @@ def _configure(engine: Engine, *, begin: str, read_only: bool = False) -> None:
 
     @event.listens_for(engine, "begin")
     def begin_transaction(connection) -> None:
-        connection.exec_driver_sql(begin)
+        if on_driver:  # pysqlite (the writer's engine): straight to the driver, as cheap as it gets
+            _on_driver(connection, begin)
+        else:
+            connection.exec_driver_sql(begin)
 
 
 def _ensure_sqrt(dbapi_connection, cursor) -> None:

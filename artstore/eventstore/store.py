@@ -46,7 +46,7 @@ from artstore.errors import (
     WrongExpectedVersionError,
 )
 from artstore.events import Event, decode_event, encode_event
-from artstore.eventstore.blobs import EncodedJson
+from artstore.eventstore.blobs import EncodedJson, blob_row, read_blob_texts
 from artstore.eventstore.database import Database, Writer, translate_error
 from artstore.redaction import Redactor
 from artstore.schema.tables import blobs, events
@@ -138,6 +138,9 @@ class EventStore:
         self._stored_blobs: OrderedDict[str, None] = OrderedDict()
         self.transactions = 0  # write transactions committed: group commit at work
         self.single_statement_transactions = 0  # of them, those written by one INSERT
+        self._appending = 0  # `append` calls not answered yet
+        self._writing = False  # the writer task holds a batch
+        self._commit_now = False  # set by `append` around its call of `append_nowait`
         self._events_since_statistics = 0
         # The last guard of invariant 7: every payload is checked for the secrets known
         # here (key-like environment variables, and the keys of the models in use) and
@@ -177,9 +180,24 @@ class EventStore:
         transaction before the events are written; an exception it raises refuses the
         append (a retry of an append already stored does not run it again).
         """
-        return await self.append_nowait(
-            stream_id, new_events, expected_version, blobs=blobs, condition=condition
-        )
+        self._appending += 1
+        try:
+            if self._write is not None and self._write.writes_now:
+                # Let every appender that is ready to run queue its append first: when
+                # this one is then alone, append_nowait commits it here and now, without
+                # the two hops through the writer task; when not, the writer commits
+                # them together (group commit).
+                await asyncio.sleep(0)
+                self._commit_now = self._appending == 1
+            try:
+                future = self.append_nowait(
+                    stream_id, new_events, expected_version, blobs=blobs, condition=condition
+                )
+            finally:
+                self._commit_now = False
+            return await future
+        finally:
+            self._appending -= 1
 
     def append_nowait(
         self,
@@ -193,8 +211,25 @@ class EventStore:
         """Queue an append and return at once; the future resolves when it is committed.
 
         Appends queued by one task are written in the order they were queued. Invalid
-        events raise here, before anything is queued.
+        events raise here, before anything is queued. (Called by `append` for an append
+        that is alone, with nothing queued, it may commit it before returning: every
+        append goes through here.)
         """
+        item = self._new_append(stream_id, new_events, expected_version, blobs, condition)
+        if self._commit_now and self._writer_idle() and self._write_now(item):
+            item.future.set_result(item.result)  # type: ignore[arg-type]
+            return item.future
+        return self._enqueue(item)
+
+    def _new_append(
+        self,
+        stream_id: str,
+        new_events: Sequence[Event],
+        expected_version: int | None,
+        blobs: Mapping[str, str] | None,
+        condition: Condition | None,
+    ) -> _Append:
+        """An append checked and encoded, not queued yet (raises for invalid events)."""
         if self._closed:
             raise StoreClosedError("the store is closed")
         self.database.refuse_writes()
@@ -205,12 +240,45 @@ class EventStore:
         rows = [_event_row(stream_id, event, self.redact) for event in new_events]
         if len({row["event_id"] for row in rows}) != len(rows):
             raise InvalidEventError("an append holds the same event id twice")
-        queue = self._ensure_writer()
+        self._ensure_writer()
         future: asyncio.Future[AppendResult] = self.loop.create_future()
-        queue.put_nowait(
-            _Append(stream_id, rows, expected_version, dict(blobs or {}), future, condition)
+        return _Append(stream_id, rows, expected_version, dict(blobs or {}), future, condition)
+
+    def _enqueue(self, item: _Append) -> asyncio.Future[AppendResult]:
+        self._ensure_writer().put_nowait(item)
+        return item.future
+
+    def _writer_idle(self) -> bool:
+        """Nothing queued, no batch being written, no statistics due: an append may be
+        committed outside the writer task without passing anything queued before it."""
+        return (
+            not self._writing
+            and (self._queue is None or self._queue.empty())
+            and self._events_since_statistics < STATISTICS_EVERY_EVENTS
         )
-        return future
+
+    def _write_now(self, item: _Append) -> bool:
+        """Commit `item` alone in one transaction on this thread, if the database can do it
+        without waiting (SQLite, its write lock free). False, with nothing written, when it
+        cannot or when the transaction fails: the writer task then takes the append, and
+        reports a refusal or a failure as it does for any append."""
+        assert self._write is not None
+
+        def fast(connection: Connection) -> None:
+            item.result, item.error, item.recorded = None, None, []
+            self._write_fast(connection, [item])
+
+        try:
+            done, _ = self._write.write_now(fast, events=len(item.rows))
+        except Exception:
+            done = False
+        if not done:
+            item.result, item.error, item.recorded = None, None, []
+            return False
+        self.transactions += 1
+        self._events_since_statistics += len(item.rows)
+        self._committed([item])
+        return True
 
     def _ensure_writer(self) -> asyncio.Queue[_Append]:
         if self._queue is None:
@@ -228,6 +296,7 @@ class EventStore:
         assert self._queue is not None
         while True:
             batch = [await self._queue.get()]
+            self._writing = True  # until every append of the batch has its answer
             num_events = len(batch[0].rows)
             while (
                 not self._queue.empty()
@@ -251,6 +320,7 @@ class EventStore:
                         else:
                             item.future.set_result(item.result)  # type: ignore[arg-type]
                     self._queue.task_done()
+                self._writing = False
 
     async def _write_batch(self, batch: list[_Append]) -> None:
         """Write a batch; an append the database refuses fails alone.
@@ -299,7 +369,11 @@ class EventStore:
         self._events_since_statistics += num_events
         if self._events_since_statistics >= STATISTICS_EVERY_EVENTS:
             await self._refresh_statistics()
-        for item in batch:  # committed: remember what now exists
+        self._committed(batch)
+
+    def _committed(self, batch: list[_Append]) -> None:
+        """Remember what now exists: stream heads and blobs of the appends written."""
+        for item in batch:
             if item.result is not None:
                 self._remember_head(item.stream_id, item.result.version)
                 for digest in item.blobs:
@@ -483,7 +557,7 @@ class EventStore:
         # In one order in every process: on PostgreSQL blobs are written before the append
         # lock, and two transactions inserting the same two blobs in opposite orders would
         # each wait for the other.
-        rows = [{"hash": h, "body": b, "size": len(b)} for h, b in sorted(new.items())]
+        rows = [blob_row(h, b) for h, b in sorted(new.items())]
         self.database.insert_missing(connection, blobs, "hash", rows)
 
     def _remember_head(self, stream_id: str, version: int) -> None:
@@ -566,15 +640,9 @@ class EventStore:
 
     async def get_blobs(self, hashes: Iterable[str]) -> dict[str, str]:
         """Bodies of content-addressed blobs by hash (missing hashes are left out)."""
-        wanted = list(dict.fromkeys(hashes))
-        found: dict[str, str] = {}
+        wanted = list(hashes)
         async with self.database.read() as connection:
-            for start in range(0, len(wanted), 500):
-                query = select(blobs.c.hash, blobs.c.body).where(
-                    blobs.c.hash.in_(wanted[start : start + 500])
-                )
-                found.update({row.hash: row.body for row in await connection.execute(query)})
-        return found
+            return await connection.run_sync(read_blob_texts, wanted)
 
     # --- lifecycle ----------------------------------------------------------------------
 

@@ -15,11 +15,10 @@ import json
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from artstore.events import TrajectoryImported
-from artstore.schema.tables import blobs
+from artstore.eventstore.blobs import read_blob_texts
 
 if TYPE_CHECKING:
     import art
@@ -40,15 +39,8 @@ def blob_hashes(events: Iterable[TrajectoryImported]) -> set[str]:
 
 def load_bodies(connection: Connection, hashes: Iterable[str]) -> dict[str, Any]:
     """The JSON documents stored under `hashes`."""
-    wanted = list(dict.fromkeys(hashes))
-    found: dict[str, Any] = {}
-    for start in range(0, len(wanted), 500):
-        query = select(blobs.c.hash, blobs.c.body).where(
-            blobs.c.hash.in_(wanted[start : start + 500])
-        )
-        for row in connection.execute(query):
-            found[row.hash] = json.loads(row.body)
-    return found
+    texts = read_blob_texts(connection, hashes)
+    return {digest: json.loads(text) for digest, text in texts.items()}
 
 
 def history_items(event: TrajectoryImported, bodies: dict[str, Any]) -> list[tuple[list, Any]]:

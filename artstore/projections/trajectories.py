@@ -42,7 +42,8 @@ from sqlalchemy.engine import Connection
 
 from artstore.capture import exchanges as http_documents
 from artstore.capture.messages import count_logprobs, from_json
-from artstore.schema.tables import blobs, events
+from artstore.eventstore.blobs import read_blob_texts
+from artstore.schema.tables import events
 
 if TYPE_CHECKING:
     import art
@@ -415,14 +416,7 @@ def load_calls(connection: Connection, rollout_ids: Iterable[str]) -> dict[str, 
 
 
 def _blob_bodies(connection: Connection, hashes: set[str]) -> dict[str, str]:
-    wanted = sorted(hashes)
-    bodies: dict[str, str] = {}
-    for start in range(0, len(wanted), 500):
-        query = select(blobs.c.hash, blobs.c.body).where(
-            blobs.c.hash.in_(wanted[start : start + 500])
-        )
-        bodies.update({row.hash: row.body for row in connection.execute(query)})
-    return bodies
+    return read_blob_texts(connection, sorted(hashes))
 
 
 def _as_dict(data: Any) -> dict[str, Any]:

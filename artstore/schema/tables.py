@@ -110,22 +110,25 @@ events = Table(
     Column("data", Json, nullable=False),
     Column("recorded_at", Timestamp, nullable=False),
     UniqueConstraint("stream_id", "version"),
-    Index(None, "type"),
+    # No index on `type` (dropped in 0008): each append paid for it and no query needs it.
     sqlite_autoincrement=True,
 )
 
 blobs = Table(
     "blobs",
     metadata,
-    Column("hash", String(64), primary_key=True),  # sha256 of `body`
-    Column("body", Text, nullable=False),  # canonical JSON
-    Column("size", Integer, nullable=False),
+    Column("hash", String(64), primary_key=True),  # sha256 of the blob's text
+    # The text itself when `codec` is NULL, else its compact form (eventstore/blob_codec.py);
+    # read through eventstore.blobs.read_blob_texts, which gives the text back either way.
+    Column("body", Text, nullable=False),
+    Column("size", Integer, nullable=False),  # characters of `body` as stored
+    Column("codec", String(32)),
 )
 
 # PostgreSQL: a transaction that appends events holds an EXCLUSIVE lock on this empty
 # table until it commits (taken by a statement trigger on `events`), so that global
 # positions are handed out in commit order; appends with nothing to project share it in
-# ROW EXCLUSIVE mode (migration 0007). A table lock, unlike an advisory lock, is refused
+# ROW EXCLUSIVE mode (migration 0009). A table lock, unlike an advisory lock, is refused
 # to a role without privileges on the table (artstore sql's).
 # SQLite leaves it unused: one writer at a time is the file's own rule.
 append_lock = Table("append_lock", metadata, Column("id", Integer, primary_key=True))
