@@ -163,7 +163,7 @@ class PostgresDatabase(Database):
 
     async def safe_position(self, connection: AsyncConnection) -> int | None:
         if not self._has_watermark:
-            # A store not upgraded to 0007 (read-only) has no concurrent appends yet;
+            # A store not upgraded to 0009 (read-only) has no concurrent appends yet;
             # asked again each time, so that a reader sees the upgrade when it comes.
             found = await connection.execute(
                 select(func.to_regprocedure("artstore_safe_position()").is_not(None))
