@@ -40,7 +40,10 @@ separate runs, eventsourcing was measured side by side with "after":
     8 / 1           2.95x  MISS        8.83x  PASS      1.52x
 
 An earlier run of the same code under the same load gave 248 / 519 / 1,064 / 1,384 =
-5.58x (PASS); the rounds of one cell vary by up to 2x on this machine.
+5.58x (PASS); the rounds of one cell vary by up to 2x on this machine. After merging
+main (UUIDv7 event ids, no type index), with less load (2.5 to 6.5): 610 / 831 / 1,562 /
+2,646 = 4.34x (PASS), eventsourcing 116 / 158 / 150 / 145: the one process is faster
+when the machine is less busy, so the ratio to it is the first to suffer.
 "before": the lock held across the INSERT's round trip and the COMMIT for every append.
 An intermediate step, the single statement still under the EXCLUSIVE lock, gave 265 /
 550 / 821 / 916 = 3.46x (MISS): the lock was then held for the server's INSERT and its
