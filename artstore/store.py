@@ -209,9 +209,9 @@ async def open_store(
     except BaseException:
         await database.dispose()
         raise
-    from artstore.projections import project  # LangChain's messages: not for `--help`
+    from artstore.projections import project, projected_types  # not for `--help`
 
-    return Store(database, projector=project)
+    return Store(database, projector=project, projected_types=projected_types())
 
 
 async def check_readable(database: Database) -> str:

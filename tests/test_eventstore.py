@@ -25,12 +25,19 @@ from artstore.errors import (
     UnknownEventTypeError,
     WrongExpectedVersionError,
 )
-from artstore.events import Event, RewardsRecorded, RunFinished, decode_event, new_id
+from artstore.events import (
+    Event,
+    RewardsRecorded,
+    RunFinished,
+    decode_event,
+    event_type,
+    new_id,
+)
 from artstore.eventstore import NO_STREAM, encode_blob
 from artstore.eventstore.database import connect, translate_error
 from artstore.eventstore.sqlite import sqlite_timestamp
 from artstore.eventstore.store import EventStore
-from artstore.projections import project
+from artstore.projections import project, projected_types
 from artstore.schema.tables import blobs, events
 from artstore.urls import resolve_url
 
@@ -229,8 +236,12 @@ async def test_blobs_are_stored_once_by_content(store):
     assert await store.get_blobs([digest, "missing"]) == {digest: body}
 
 
-async def test_catch_up_reader_sees_every_event_once_in_order(database_url):
+@pytest.mark.parametrize("events", ["projected", "unprojected"])
+async def test_catch_up_reader_sees_every_event_once_in_order(database_url, events):
+    # "unprojected": the writers' batches need no projection, so that on PostgreSQL each
+    # is one INSERT that commits by itself; they queue behind the slow writer all the same.
     per_writer, writers = 2000, 4
+    mode = ["--unprojected"] if events == "unprojected" else []
     async with await artstore.open_store(database_url) as store:
         # The slow writer starts first: its position is low, its commit late.
         slow = subprocess.Popen(
@@ -241,7 +252,9 @@ async def test_catch_up_reader_sees_every_event_once_in_order(database_url):
         assert slow.stdout is not None and slow.stdout.readline().strip() == "holding"
         procs = [
             subprocess.Popen(
-                [sys.executable, str(WORKER), database_url, f"run-w{n}", str(per_writer)]
+                [sys.executable, str(WORKER), database_url, f"run-w{n}", str(per_writer), *mode],
+                stdout=subprocess.PIPE,
+                text=True,
             )
             for n in range(writers)
         ]
@@ -267,6 +280,11 @@ async def test_catch_up_reader_sees_every_event_once_in_order(database_url):
         final = await store.read_all(limit=expected + 10)
         assert [e.position for e in final] == seen
         assert len(final) == expected
+        said = [proc.stdout.read() for proc in procs if proc.stdout is not None]
+        if events == "unprojected" and store.dialect == "postgresql":
+            # The path under test was taken: most batches were single statements.
+            counts = [int(output.split()[-1]) for output in said]
+            assert all(count > per_writer / 32 for count in counts), counts
 
 
 async def test_unknown_event_type_is_a_clear_error():
@@ -426,6 +444,89 @@ async def test_sqlite_appends_wait_for_another_process_without_blocking_the_loop
         stream = await store.read_stream("run-h")
         assert [e.decode().run for e in stream] == ["h1", "h2", "h3"]
         assert [e.position for e in stream] == [first.positions[0] + n for n in range(3)]
+
+
+@event_type("test.not_projected")
+class NotProjected(Event):
+    n: int
+
+
+async def test_single_statement_appends_keep_every_check(database_url):
+    # On PostgreSQL a batch with nothing to project, no condition, no new blob and known
+    # stream heads is one INSERT that commits by itself; what a transaction checks, it
+    # checks too, and the writer's later transactions are still all or nothing.
+    await (await artstore.open_store(database_url)).close()  # migrated
+
+    def projector(connection, recorded) -> None:
+        project(connection, recorded)
+        if any(e.data.get("run") == "bad" for e in recorded):  # after the INSERT
+            raise ValueError("this projection fails")
+
+    def open_event_store() -> EventStore:
+        database = connect(resolve_url(database_url))
+        return EventStore(database, projector=projector, projected_types=projected_types())
+
+    store, other = open_event_store(), open_event_store()
+    try:
+        one = NotProjected(n=1)
+        first = await store.append("thing-1", [one], NO_STREAM)
+        assert (first.version, first.written) == (1, True)
+        single = 1 if store.dialect == "postgresql" else 0
+        assert store.single_statement_transactions == single
+        again = await store.append("thing-1", [one], NO_STREAM)  # a retry: nothing twice
+        assert (again.version, again.positions, again.written) == (1, first.positions, False)
+        await other.append("thing-1", [NotProjected(n=2)], expected_version=1)
+        with pytest.raises(WrongExpectedVersionError):  # its cached head (1) is stale
+            await store.append("thing-1", [NotProjected(n=3)], expected_version=1)
+        with pytest.raises(WrongExpectedVersionError):  # a new stream that exists already
+            await store.append("thing-1", [NotProjected(n=4)], NO_STREAM)
+        third = await store.append("thing-1", [NotProjected(n=5)], expected_version=2)
+        assert third.version == 3  # checked against the database: the head is known again
+        fourth = await store.append("thing-1", [NotProjected(n=7)], expected_version=3)
+        assert (fourth.version, store.single_statement_transactions) == (4, 2 * single)
+        # Queued together with a projected append: one transaction, as before.
+        both = await asyncio.gather(
+            store.append("thing-2", [NotProjected(n=6)], NO_STREAM),
+            store.append("run-g", [finished("good")], NO_STREAM),
+        )
+        assert [result.version for result in both] == [1, 1]
+        with pytest.raises(AppendRefusedError, match="this projection fails"):
+            await store.append("run-g", [finished("bad")], expected_version=1)
+        stream = await store.read_stream("thing-1")
+        assert [(e.version, e.decode().n) for e in stream] == [(1, 1), (2, 2), (3, 5), (4, 7)]
+        assert [e.decode().run for e in await store.read_stream("run-g")] == ["good"]
+        assert await count_events(store) == 6
+        assert [e.position for e in stream] == sorted(e.position for e in stream)
+    finally:
+        await store.close()
+        await other.close()
+
+
+async def test_a_reader_stops_below_a_concurrent_append_in_flight(postgres_url):
+    # Appends with nothing to project run side by side on PostgreSQL and may commit out of
+    # position order: a reader following positions must stop below one still in flight
+    # (here a transaction holding a position, open), and read it in order once it commits.
+    import psycopg
+
+    async with await artstore.open_store(postgres_url) as store:
+        before = await store.append("thing-0", [NotProjected(n=0)], NO_STREAM)
+        conninfo = postgres_url.replace("postgresql+asyncpg://", "postgresql://")
+        with psycopg.connect(conninfo) as held:  # a transaction, left open
+            held_position = held.execute(
+                "SELECT inserted_position FROM artstore_insert_events(ARRAY['held-1'], "
+                "ARRAY['thing-held'], ARRAY[1], ARRAY['test.not_projected'], "
+                """ARRAY['{"n": 1}'::json], ARRAY[now()])"""
+            ).fetchone()[0]
+            later = await store.append("thing-2", [NotProjected(n=2)], NO_STREAM)
+            assert store.single_statement_transactions == 2  # not behind the open one
+            assert before.positions[0] < held_position < later.positions[0]
+            seen = [e.position for e in await store.read_all(after=0)]
+            assert seen == before.positions  # not the later one: the held one may commit
+            assert await store.last_position() == before.positions[0]
+            held.commit()
+        seen = [e.position for e in await store.read_all(after=before.positions[0])]
+        assert seen == [held_position, later.positions[0]]
+        assert await store.last_position() == later.positions[0]
 
 
 async def test_a_failed_small_sqlite_transaction_leaves_nothing_and_the_writer_usable(tmp_path):

@@ -7,7 +7,8 @@ file:
 - `artstore.eventstore.sqlite`: one machine, a file; WAL, `BEGIN IMMEDIATE`, a writer
   thread with its own connection;
 - `artstore.eventstore.postgres`: many machines; an asyncpg pool, a table lock that
-  orders appends (from the INSERT into `events` to commit), session locks for trainers.
+  orders appends (from the INSERT into `events` to commit; appends with nothing to
+  project share it and readers stop below those in flight), session locks for trainers.
 
 `connect(url)` picks the module from the URL.
 """
@@ -56,6 +57,15 @@ class Writer:
 
         `events`: how many events it appends (0: unknown), so that a database may run a
         small transaction without a hop to another thread."""
+        raise NotImplementedError
+
+    # Whether `insert_and_commit` is offered (a database where a transaction that only
+    # inserts events is cheaper as one statement that commits by itself).
+    single_statement_appends: bool = False
+
+    async def insert_and_commit(self, rows: list[dict[str, Any]]) -> list[int]:
+        """Insert event rows (with their versions) in one statement that commits by itself,
+        holding the append lock as a transaction does; their positions, in that order."""
         raise NotImplementedError
 
     # Whether `write_now` may commit a small transaction on the caller's thread (SQLite).
@@ -202,6 +212,14 @@ class Database:
     ) -> None:
         """Insert the rows whose `key` is not stored yet (content-addressed blobs)."""
         raise NotImplementedError
+
+    async def safe_position(self, connection: AsyncConnection) -> int | None:
+        """The highest position a reader may read up to now: every committed event at or
+        below it is visible, and no event at or below it commits later (None: any, where
+        positions are handed out in commit order). Ask in a statement of its own, before
+        the statement that reads the events, in a READ COMMITTED transaction (the events'
+        snapshot is then taken after it)."""
+        return None
 
     def lock_appends(self, connection: Connection) -> None:
         """Hold appenders off until this transaction ends (a rebuild of the projections)."""

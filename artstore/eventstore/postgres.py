@@ -1,11 +1,15 @@
 """artstore on PostgreSQL: many machines, one database.
 
-Every appending transaction holds an EXCLUSIVE lock on the table `append_lock` from its
+An appending transaction holds an EXCLUSIVE lock on the table `append_lock` from its
 INSERT into `events` until it commits, taken by a statement trigger of the schema (the
 writer does what needs no order first), so that global positions are handed out in
 commit order and a reader catching up from a position never misses an event
-(PostgreSQL sequences alone are not commit-ordered). Trainers hold a session-level
-advisory lock per model, which the server releases when their connection dies.
+(PostgreSQL sequences alone are not commit-ordered). Appends with nothing to project
+(one statement that commits by itself, `artstore_insert_events` of migration 0009) run
+side by side instead: they share the lock and hold an advisory key below their positions,
+and readers read up to `artstore_safe_position()` only, which stays below every such
+append in flight. Trainers hold a session-level advisory lock per model, which the server
+releases when their connection dies.
 
 Every session has timeouts, so that a stuck or stopped process cannot freeze the others:
 a lock is waited for `lock_timeout` at most, and a session left idle inside a transaction
@@ -27,12 +31,13 @@ from typing import Any, TypeVar
 from sqlalchemy import BigInteger, Table, cast, column, func, literal, select, table, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from artstore.errors import ConfigurationError, QueryError
 from artstore.eventstore.blobs import serialize
-from artstore.eventstore.database import Database, Writer
+from artstore.eventstore.database import Database, Writer, translate_error
 from artstore.schema.tables import events
 
 # Key of the advisory lock that makes migrations wait for each other ("artstore" + 1).
@@ -41,6 +46,7 @@ MIGRATION_LOCK_KEY = 7021802808247546470
 # the views and nothing else.
 READER_ROLE = "artstore_reader"
 T = TypeVar("T")
+READ_COMMITTED = "READ COMMITTED"
 
 # Every session's defaults (the URL's `options=-c name=value` wins over them).
 SESSION_SETTINGS = {
@@ -94,6 +100,7 @@ class PostgresDatabase(Database):
         # own work: a user query may leave session state (an advisory lock) that the
         # session's reset takes away, but nothing else ever sees it.
         self.query_engine = query_engine
+        self._has_watermark = False  # whether artstore_safe_position() exists (0009)
 
     @classmethod
     def connect(cls, url: URL, *, read_only: bool = False) -> PostgresDatabase:
@@ -104,6 +111,9 @@ class PostgresDatabase(Database):
         bare = url.set(query={})
         engine = create_async_engine(
             bare,
+            # Whatever the server's default: a read up to `safe_position` needs a snapshot
+            # taken after it, and the writer's head re-read needs the other's commit.
+            isolation_level=READ_COMMITTED,
             pool_size=8,
             max_overflow=8,
             # A pooled connection the server dropped (a restart, a network cut, a session
@@ -114,6 +124,7 @@ class PostgresDatabase(Database):
         )
         writer_engine = create_async_engine(
             bare,
+            isolation_level=READ_COMMITTED,
             poolclass=NullPool,  # one connection, kept by the writer for the store's life
             json_serializer=serialize,
             connect_args={
@@ -149,6 +160,18 @@ class PostgresDatabase(Database):
     ) -> None:
         statement = postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
         connection.execute(statement, rows)
+
+    async def safe_position(self, connection: AsyncConnection) -> int | None:
+        if not self._has_watermark:
+            # A store not upgraded to 0009 (read-only) has no concurrent appends yet;
+            # asked again each time, so that a reader sees the upgrade when it comes.
+            found = await connection.execute(
+                select(func.to_regprocedure("artstore_safe_position()").is_not(None))
+            )
+            self._has_watermark = bool(found.scalar())
+            if not self._has_watermark:
+                return None
+        return (await connection.execute(select(func.artstore_safe_position()))).scalar()
 
     def lock_appends(self, connection: Connection) -> None:
         connection.exec_driver_sql("LOCK TABLE append_lock IN EXCLUSIVE MODE")
@@ -353,23 +376,83 @@ def _server_options(options: str) -> dict[str, str]:
     return found
 
 
+# Events inserted by one statement that commits by itself (autocommit): one round trip.
+# The function (migration 0009) makes the INSERT concurrent: it shares the append lock
+# with other such appends and holds an advisory key below its positions, which readers
+# stop at (`safe_position`). The arrays keep the rows' order, so positions follow it.
+_INSERT_AND_COMMIT = text(
+    "SELECT inserted_event_id, inserted_position FROM artstore_insert_events("
+    "CAST(:event_ids AS varchar[]), CAST(:stream_ids AS varchar[]), "
+    "CAST(:versions AS integer[]), CAST(:types AS varchar[]), CAST(:data AS json[]), "
+    "CAST(:recorded_at AS timestamptz[]))"
+)
+
+
+# The function is missing (a schema before 0009) or may not be run (set_config revoked).
+_NOT_OFFERED = ("42883", "42501")
+
+
 class PostgresWriter(Writer):
     """Write transactions on a connection of the writer's own, kept for the store's life,
     each holding the append lock from its INSERT into `events` until it commits."""
+
+    single_statement_appends = True
 
     def __init__(self, database: PostgresDatabase) -> None:
         self.database = database
         self._connection: AsyncConnection | None = None
 
+    async def _writer_connection(self) -> AsyncConnection:
+        if self._connection is None:
+            self._connection = await self.database.open_connection(self.database.writer_engine)
+        return self._connection
+
     async def transaction(self, work: Callable[[Connection], T], *, events: int = 0) -> T:
         # No LOCK here: the statement trigger on `events` takes the append lock at the
         # INSERT, so that the round trips before it (stream heads, blobs, a condition)
         # run without it and appenders of other processes overlap there.
-        if self._connection is None:
-            self._connection = await self.database.open_connection(self.database.writer_engine)
+        connection = await self._writer_connection()
         return await self.database.run_write(
-            lambda connection: connection.run_sync(work), connection=self._connection
+            lambda active: active.run_sync(work), connection=connection
         )
+
+    async def insert_and_commit(self, rows: list[dict[str, Any]]) -> list[int]:
+        connection = await self._writer_connection()
+        parameters = {
+            "event_ids": [row["event_id"] for row in rows],
+            "stream_ids": [row["stream_id"] for row in rows],
+            "versions": [row["version"] for row in rows],
+            "types": [row["type"] for row in rows],
+            "data": [serialize(row["data"]) for row in rows],
+            "recorded_at": [row["recorded_at"] for row in rows],
+        }
+        # Autocommit for this statement alone (no BEGIN, no COMMIT of the client's):
+        # switching costs no round trip, and the connection is back to its transactions
+        # afterwards whatever happened.
+        await connection.execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            result = await connection.execute(_INSERT_AND_COMMIT, parameters)
+            found = {row.inserted_event_id: row.inserted_position for row in result}
+            await connection.commit()  # SQLAlchemy's own bookkeeping: the server committed
+        except DBAPIError as exc:
+            with contextlib.suppress(Exception):
+                await connection.rollback()
+            if getattr(exc.orig, "sqlstate", None) in _NOT_OFFERED:
+                self.single_statement_appends = False  # transactions from now on
+            translated = translate_error(exc, self.database)
+            if translated is exc:
+                raise
+            raise translated from exc
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await connection.rollback()
+            raise
+        finally:
+            try:
+                await connection.execution_options(isolation_level=READ_COMMITTED)
+            except Exception:
+                await self.reset()  # never run a later transaction in autocommit
+        return [found[row["event_id"]] for row in rows]
 
     async def reset(self) -> None:
         if self._connection is not None:

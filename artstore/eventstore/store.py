@@ -8,13 +8,16 @@ its client-made event ids, and checked against its expected stream version. A wr
 transaction (events, blobs, and the projections of the events) is synchronous SQL run in
 one call by the database's `Writer` (artstore.eventstore.sqlite / .postgres).
 
-Global positions are commit-ordered on both databases, so a reader catching up with
-`read_all(after=...)` sees every committed event exactly once, in order (invariant 3):
-SQLite has one writer at a time; on PostgreSQL every appending transaction holds one
-lock (on the table `append_lock`) from its INSERT into `events` until it commits, taken
-by a statement trigger of the schema. Everything that needs no order (stream heads, the
-expected-version check, a condition, blobs) is done before that INSERT, so that the lock
-is held for the INSERT, the projections and the commit only.
+A reader catching up with `read_all(after=...)` sees every committed event exactly once,
+in order (invariant 3). SQLite has one writer at a time. On PostgreSQL an appending
+transaction holds one lock (on the table `append_lock`) from its INSERT into `events`
+until it commits, taken by a statement trigger of the schema; everything that needs no
+order (stream heads, the expected-version check, a condition, blobs) is done before that
+INSERT, so that the lock is held for the INSERT, the projections and the commit only. A
+batch with nothing else to do (no condition, no new blob, nothing to project, every
+stream's head known) is one INSERT that commits by itself (`Writer.insert_and_commit`);
+on PostgreSQL such appends run side by side and may commit out of position order, so
+readers read up to `Database.safe_position` only (see artstore.eventstore.postgres).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import asyncio
 import contextlib
 import json
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -112,9 +115,18 @@ class _Append:
 class EventStore:
     """Streams of immutable events in one database."""
 
-    def __init__(self, database: Database, *, projector: Projector | None = None) -> None:
+    def __init__(
+        self,
+        database: Database,
+        *,
+        projector: Projector | None = None,
+        projected_types: Collection[str] | None = None,
+    ) -> None:
         self.database = database
         self._projector = projector
+        # The event types the projector writes anything for (None: every type). A batch
+        # of other types needs no projection and may be written in one statement.
+        self._projected_types = None if projected_types is None else frozenset(projected_types)
         self._queue: asyncio.Queue[_Append] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -125,6 +137,7 @@ class EventStore:
         self._heads: OrderedDict[str, int] = OrderedDict()
         self._stored_blobs: OrderedDict[str, None] = OrderedDict()
         self.transactions = 0  # write transactions committed: group commit at work
+        self.single_statement_transactions = 0  # of them, those written by one INSERT
         self._appending = 0  # `append` calls not answered yet
         self._writing = False  # the writer task holds a batch
         self._commit_now = False  # set by `append` around its call of `append_nowait`
@@ -338,8 +351,12 @@ class EventStore:
                     self._refused(item, exc)
 
         num_events = sum(len(item.rows) for item in batch)
+        rows = self._single_statement_rows(batch)
         try:
-            await self._transaction(fast, num_events)
+            if rows is not None:
+                await self._write_single_statement(batch, rows)
+            else:
+                await self._transaction(fast, num_events)
             self.transactions += 1
         except LockTimeoutError:
             raise  # waiting again would only wait as long again: every append gets the error
@@ -404,6 +421,56 @@ class EventStore:
             if not _about_the_append(exc):
                 await self._write.reset()
             raise
+
+    def _single_statement_rows(self, batch: list[_Append]) -> list[dict[str, Any]] | None:
+        """The batch's event rows when one INSERT that commits by itself can write it: the
+        writer offers that, and no append has a condition, a blob to store, an event to
+        project, or a stream whose head this process does not know (a new stream's is 0).
+        None otherwise. A head another process moved on fails on the unique (stream,
+        version) key, and the batch is then written the checked way."""
+        assert self._write is not None
+        if not self._write.single_statement_appends:
+            return None
+        heads: dict[str, int] = {}
+        rows: list[dict[str, Any]] = []
+        for item in batch:
+            if item.condition is not None or any(d not in self._stored_blobs for d in item.blobs):
+                return None
+            if self._projector is not None and (
+                self._projected_types is None
+                or any(row["type"] in self._projected_types for row in item.rows)
+            ):
+                return None
+            head = heads.get(item.stream_id, self._heads.get(item.stream_id))
+            if head is None:
+                if item.expected_version != NO_STREAM:
+                    return None  # ANY, or a version: only the database knows the head
+                head = NO_STREAM
+            if item.expected_version is not None and item.expected_version != head:
+                return None  # the checked way says which version the stream is at
+            rows.extend({**row, "version": head + n} for n, row in enumerate(item.rows, start=1))
+            heads[item.stream_id] = head + len(item.rows)
+        return rows
+
+    async def _write_single_statement(
+        self, batch: list[_Append], rows: list[dict[str, Any]]
+    ) -> None:
+        assert self._write is not None
+        for item in batch:
+            item.result, item.error, item.recorded = None, None, []
+        try:
+            positions = await self._write.insert_and_commit(rows)
+        except BaseException as exc:
+            if not _about_the_append(exc):
+                await self._write.reset()
+            raise
+        self.single_statement_transactions += 1
+        start = 0
+        for item in batch:
+            mine = positions[start : start + len(item.rows)]
+            item.recorded = _recorded(rows[start : start + len(item.rows)], mine)
+            start += len(item.rows)
+            item.result = AppendResult(item.stream_id, item.recorded[-1].version, mine, True)
 
     def _write_fast(self, connection: Connection, batch: list[_Append]) -> None:
         """The whole batch in one INSERT, with versions from the cached stream heads."""
@@ -543,6 +610,9 @@ class EventStore:
             query = query.where(events.c.type.in_(types))
         query = query.order_by(events.c.position).limit(limit)
         async with self.database.read() as connection:
+            safe = await self.database.safe_position(connection)
+            if safe is not None:  # appends in flight below: read up to them only
+                query = query.where(events.c.position <= safe)
             return [recorded_from_row(row) for row in await connection.execute(query)]
 
     async def iter_all(
@@ -560,8 +630,13 @@ class EventStore:
         return heads.get(stream_id, 0)
 
     async def last_position(self) -> int:
+        """The position a reader catching up would reach now (see `read_all`)."""
+        query = select(func.max(events.c.position))
         async with self.database.read() as connection:
-            return (await connection.execute(select(func.max(events.c.position)))).scalar() or 0
+            safe = await self.database.safe_position(connection)
+            if safe is not None:
+                query = query.where(events.c.position <= safe)
+            return (await connection.execute(query)).scalar() or 0
 
     async def get_blobs(self, hashes: Iterable[str]) -> dict[str, str]:
         """Bodies of content-addressed blobs by hash (missing hashes are left out)."""

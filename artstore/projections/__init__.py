@@ -4,6 +4,6 @@
 exactly as current as the event log; `rebuild` recomputes them from the log alone.
 """
 
-from artstore.projections.handlers import project, rebuild
+from artstore.projections.handlers import project, projected_types, rebuild
 
-__all__ = ["project", "rebuild"]
+__all__ = ["project", "projected_types", "rebuild"]

@@ -78,6 +78,11 @@ def project(
     bulk.flush()
 
 
+def projected_types() -> frozenset[str]:
+    """The event types `project` writes anything for (others it skips)."""
+    return BULK_TYPES | frozenset(HANDLERS)
+
+
 def rebuild(connection: Connection, page_size: int = 2000) -> int:
     """Empty every projection table and replay the whole event log into them.
 

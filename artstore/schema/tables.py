@@ -103,7 +103,7 @@ NAME = ProjectedText(200)
 events = Table(
     "events",
     metadata,
-    # Global position: commit-ordered on both databases (see artstore/eventstore/store.py).
+    # Global position: read in commit order on both databases (artstore/eventstore/store.py).
     Column("position", Position, primary_key=True, autoincrement=True),
     Column("event_id", String(36), nullable=False, unique=True),
     Column("stream_id", String(255), nullable=False),
@@ -127,10 +127,11 @@ blobs = Table(
     Column("codec", String(32)),
 )
 
-# PostgreSQL: every transaction that appends events holds an EXCLUSIVE lock on this empty
-# table until it commits (taken by the writer, and by a statement trigger on `events`),
-# so that global positions are handed out in commit order. A table lock, unlike an
-# advisory lock, is refused to a role without privileges on the table (artstore sql's).
+# PostgreSQL: a transaction that appends events holds an EXCLUSIVE lock on this empty
+# table until it commits (taken by a statement trigger on `events`), so that global
+# positions are handed out in commit order; appends with nothing to project share it in
+# ROW EXCLUSIVE mode (migration 0009). A table lock, unlike an advisory lock, is refused
+# to a role without privileges on the table (artstore sql's).
 # SQLite leaves it unused: one writer at a time is the file's own rule.
 append_lock = Table("append_lock", metadata, Column("id", Integer, primary_key=True))
 
