@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from datetime import datetime
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -30,13 +31,22 @@ JSONValue = Any  # anything `json.dumps` accepts; checked when the event is enco
 
 
 def new_id() -> str:
-    """A UUID version 7 (RFC 9562): the Unix time in milliseconds, then 74 random bits.
+    """A random UUID (version 4): the ids users see and type (rollouts, groups, calls).
 
-    Time-ordered, so that ids made one after another sort next to each other: the unique
-    index on `events.event_id` (and every index on a rollout or group id) takes a new id
-    on its last page instead of on a random one. With random (version 4) ids a commit of
-    100 events rewrote ~100 index pages; now it rewrites one or two. Still 36 characters,
-    still unique (74 random bits per millisecond), still a valid UUID.
+    Random from the first character, so that the first few characters of an id name one
+    rollout (`artstore trajectory 3f2a9c1e`); a time-ordered id would share its first
+    eight characters with every id made in the same minute.
+    """
+    return str(uuid.uuid4())
+
+
+def new_event_id() -> str:
+    """A UUID version 7 (RFC 9562) for an event: Unix time in milliseconds, 74 random bits.
+
+    Time-ordered, so that the unique index on `events.event_id` takes a new id on its last
+    page instead of on a random one: with random (version 4) ids a commit of 100 events
+    rewrote ~100 index pages, now it rewrites one or two. Still 36 characters, still
+    unique (74 random bits per millisecond), still a valid UUID. Nobody types an event id.
     """
     millis = f"{time.time_ns() // 1_000_000:012x}"  # unix_ts_ms: 48 bits
     random = os.urandom(10).hex()  # 80 bits, of which 74 are used
@@ -51,7 +61,7 @@ class Event(BaseModel):
 
     type: ClassVar[str]
     # Client-made, excluded from the payload: the store keeps it in the envelope.
-    event_id: str = Field(default_factory=new_id, exclude=True)
+    event_id: str = Field(default_factory=new_event_id, exclude=True)
 
 
 EVENT_TYPES: dict[str, type[Event]] = {}
@@ -81,7 +91,7 @@ def decode_event(type_name: str, data: dict[str, Any], event_id: str | None = No
             "(written by a newer artstore, or a custom type not imported here)"
         )
     try:
-        return cls.model_validate({**data, "event_id": event_id or new_id()})
+        return cls.model_validate({**data, "event_id": event_id or new_event_id()})
     except ValidationError as exc:
         raise InvalidEventError(f"stored {type_name!r} event does not validate: {exc}") from None
 

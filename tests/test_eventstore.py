@@ -31,7 +31,7 @@ from artstore.events import (
     RunFinished,
     decode_event,
     event_type,
-    new_id,
+    new_event_id,
 )
 from artstore.eventstore import NO_STREAM, encode_blob
 from artstore.eventstore.database import connect, translate_error
@@ -596,7 +596,7 @@ def test_sqlite_timestamps_are_written_as_sqlalchemy_writes_them():
 
 
 def test_event_ids_are_time_ordered_uuids():
-    ids = [new_id() for _ in range(1000)]
+    ids = [new_event_id() for _ in range(1000)]
     assert len(set(ids)) == len(ids)
     parsed = [uuid.UUID(value) for value in ids]
     assert all(

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import artstore
 from artstore.cli import app
-from artstore.events import new_id
+from artstore.events import new_event_id
 from artstore.schema import migrate
 from artstore.schema.tables import events, metadata
 from artstore.urls import resolve_url
@@ -121,7 +121,7 @@ async def test_0008_drops_the_type_index_and_keeps_every_event(database_url):
     """Upgrading a store written at 0007 keeps its events; a downgrade brings the index back."""
     engine = create_async_engine(resolve_url(database_url))
     stored = {
-        "event_id": new_id(),
+        "event_id": new_event_id(),
         "stream_id": "run-old",
         "version": 1,
         "type": "run.finished",

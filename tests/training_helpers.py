@@ -116,12 +116,18 @@ async def rows(store: Any, table: Any, *where: Any) -> list[Any]:
 
 
 async def projections(store: Any) -> dict[str, list[tuple]]:
-    """Every projection row, order-free, without surrogate ids (a rebuild renumbers them)."""
+    """Every projection row, order-free, without surrogate ids (a rebuild renumbers them):
+    a reference to a train step's id is shown as the step it names (run, model, step_before)."""
     found = {}
+    steps = t.train_steps
     for table in t.PROJECTION_TABLES:
-        columns = [c for c in table.columns if c.name != "id"]
+        columns = [c for c in table.columns if c.name not in ("id", "train_step_id")]
+        query = select(*columns)
+        if "train_step_id" in table.c:
+            step = (steps.c.run, steps.c.model, steps.c.step_before)
+            query = query.add_columns(*step).join(steps, steps.c.id == table.c.train_step_id)
         async with store.database.read() as connection:
-            result = await connection.execute(select(*columns))
+            result = await connection.execute(query)
             found[table.name] = sorted((tuple(map(repr, row)) for row in result), key=repr)
     return found
 

@@ -134,7 +134,7 @@ from rich.table import Table
 from sqlalchemy.engine import URL, make_url
 
 import artstore
-from artstore.events import Event, event_type, new_id
+from artstore.events import Event, event_type, new_event_id
 
 SCENARIOS = ("sequential", "concurrent64", "batch100")
 PEERS = ("artstore", "eventsourcing", "raw")
@@ -334,7 +334,7 @@ Row = tuple[str, str, int, str, str, datetime | str]
 def raw_row(stream: str, version: int, i: int, *, iso: bool = False) -> Row:
     recorded_at = now()
     return (
-        new_id(),  # artstore's event ids (time-ordered), as its unique key gets them
+        new_event_id(),  # artstore's event ids (time-ordered), as its unique key gets them
         stream,
         version,
         BENCH_TYPE,

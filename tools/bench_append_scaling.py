@@ -22,7 +22,7 @@ Why it scales or not: an appending transaction that projects its events holds on
 the cluster commits at most about 1 / (lock hold time) of them per second. This
 benchmark's events are of a type no projection reads, and each append has an expected
 version of a stream the process knows: such a batch is one statement that commits by
-itself (`artstore_insert_events`, migration 0009), one round trip, and such statements
+itself (`artstore_insert_events`, migration 0010), one round trip, and such statements
 run side by side (they share the lock; readers stop below those in flight at
 `artstore_safe_position()`). Processes then add throughput until the machine's CPUs run
 out. eventsourcing takes `LOCK TABLE ... IN EXCLUSIVE MODE` in every transaction and

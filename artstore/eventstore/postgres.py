@@ -5,7 +5,7 @@ INSERT into `events` until it commits, taken by a statement trigger of the schem
 writer does what needs no order first), so that global positions are handed out in
 commit order and a reader catching up from a position never misses an event
 (PostgreSQL sequences alone are not commit-ordered). Appends with nothing to project
-(one statement that commits by itself, `artstore_insert_events` of migration 0009) run
+(one statement that commits by itself, `artstore_insert_events` of migration 0010) run
 side by side instead: they share the lock and hold an advisory key below their positions,
 and readers read up to `artstore_safe_position()` only, which stays below every such
 append in flight. Trainers hold a session-level advisory lock per model, which the server
@@ -100,7 +100,7 @@ class PostgresDatabase(Database):
         # own work: a user query may leave session state (an advisory lock) that the
         # session's reset takes away, but nothing else ever sees it.
         self.query_engine = query_engine
-        self._has_watermark = False  # whether artstore_safe_position() exists (0009)
+        self._has_watermark = False  # whether artstore_safe_position() exists (0010)
 
     @classmethod
     def connect(cls, url: URL, *, read_only: bool = False) -> PostgresDatabase:
@@ -163,7 +163,7 @@ class PostgresDatabase(Database):
 
     async def safe_position(self, connection: AsyncConnection) -> int | None:
         if not self._has_watermark:
-            # A store not upgraded to 0009 (read-only) has no concurrent appends yet;
+            # A store not upgraded to 0010 (read-only) has no concurrent appends yet;
             # asked again each time, so that a reader sees the upgrade when it comes.
             found = await connection.execute(
                 select(func.to_regprocedure("artstore_safe_position()").is_not(None))
@@ -377,7 +377,7 @@ def _server_options(options: str) -> dict[str, str]:
 
 
 # Events inserted by one statement that commits by itself (autocommit): one round trip.
-# The function (migration 0009) makes the INSERT concurrent: it shares the append lock
+# The function (migration 0010) makes the INSERT concurrent: it shares the append lock
 # with other such appends and holds an advisory key below its positions, which readers
 # stop at (`safe_position`). The arrays keep the rows' order, so positions follow it.
 _INSERT_AND_COMMIT = text(
@@ -388,7 +388,7 @@ _INSERT_AND_COMMIT = text(
 )
 
 
-# The function is missing (a schema before 0009) or may not be run (set_config revoked).
+# The function is missing (a schema before 0010) or may not be run (set_config revoked).
 _NOT_OFFERED = ("42883", "42501")
 
 

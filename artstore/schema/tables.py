@@ -130,7 +130,7 @@ blobs = Table(
 # PostgreSQL: a transaction that appends events holds an EXCLUSIVE lock on this empty
 # table until it commits (taken by a statement trigger on `events`), so that global
 # positions are handed out in commit order; appends with nothing to project share it in
-# ROW EXCLUSIVE mode (migration 0009). A table lock, unlike an advisory lock, is refused
+# ROW EXCLUSIVE mode (migration 0010). A table lock, unlike an advisory lock, is refused
 # to a role without privileges on the table (artstore sql's).
 # SQLite leaves it unused: one writer at a time is the file's own rule.
 append_lock = Table("append_lock", metadata, Column("id", Integer, primary_key=True))

@@ -1,7 +1,7 @@
 """PostgreSQL: appends with nothing to project run side by side; readers stop at a watermark
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-12-01 14:30:00.000000
 
 Until now every appending transaction held an EXCLUSIVE lock on `append_lock` from its
@@ -34,8 +34,8 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0009"
-down_revision: str | None = "0008"
+revision: str = "0010"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
