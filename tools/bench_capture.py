@@ -233,6 +233,9 @@ class Result:
     rebuild: Callable[[], Awaitable[dict[int, Any]]]  # all trajectories, by rollout index
     close: Callable[[], Awaitable[None]]
     rebuild_s: float = float("inf")  # best of the rounds
+    # best of the rounds of the rebuild followed by a full collection (gc.collect()): the
+    # work the rebuild leaves Python's collector, counted (artstore pauses it while building)
+    rebuild_collected_s: float = float("inf")
     trajectories: dict[int, Any] = field(default_factory=dict)
 
     @property
@@ -402,6 +405,10 @@ async def time_rebuilds(results: list[Result], rounds: int) -> None:
             start = time.perf_counter()
             trajectories = await result.rebuild()
             elapsed = time.perf_counter() - start
+            gc.collect()
+            result.rebuild_collected_s = min(
+                result.rebuild_collected_s, time.perf_counter() - start
+            )
             if elapsed < result.rebuild_s:
                 result.rebuild_s, result.trajectories = elapsed, trajectories
             del trajectories
@@ -485,6 +492,7 @@ async def main(databases: list[str], postgres_url: str, rounds: int) -> int:
         "per call p99",
         "record all (wall)",
         "rebuild 64 trajectories",
+        "+ gc.collect()",
     ):
         table.add_column(column, justify="left" if column == "peer" else "right")
     for result in results:
@@ -497,6 +505,7 @@ async def main(databases: list[str], postgres_url: str, rounds: int) -> int:
             f"{result.p99_ms:.3f} ms",
             f"{result.record_wall_s:.2f} s",
             f"{result.rebuild_s * 1000:.0f} ms",
+            f"{result.rebuild_collected_s * 1000:.0f} ms",
         )
     console.print(table)
 
@@ -528,6 +537,14 @@ async def main(databases: list[str], postgres_url: str, rounds: int) -> int:
         console.print(
             f"{'PASS' if speedup >= REBUILD_TARGET else 'MISS'}  {result.peer}: rebuilding "
             f"trajectories {speedup:.2f}x as fast as FileLogger (target {REBUILD_TARGET:.0f}x)"
+        )
+        # The same, each rebuild followed by a full collection: what artstore's paused
+        # collector leaves for later is counted here.
+        collected = arts.rebuild_collected_s / result.rebuild_collected_s
+        console.print(
+            f"{'PASS' if collected >= REBUILD_TARGET else 'MISS'}  {result.peer}: rebuilding "
+            f"trajectories, then gc.collect(), {collected:.2f}x as fast as FileLogger "
+            f"(target {REBUILD_TARGET:.0f}x)"
         )
     return 1 if failures else 0
 

@@ -468,9 +468,7 @@ def legacy_trajectory(conversations: list[Conversation], **fields: Any) -> art.T
             converted = conversation.messages
         else:
             try:
-                converted = convert_langgraph_messages(
-                    [with_built_logprobs(message) for message in conversation.messages]
-                )
+                converted = convert_langgraph_messages(conversation.messages)
             except Exception as exc:  # ART skips a conversation it cannot convert; so do we
                 logger.warning("conversation %d left out, as ART leaves it: %r", index, exc)
                 continue
@@ -492,25 +490,6 @@ def legacy_trajectory(conversations: list[Conversation], **fields: Any) -> art.T
         for items, item_tools, _ in others
     ]
     return trajectory
-
-
-def with_built_logprobs(message: BaseMessage) -> BaseMessage:
-    """`message`, its logprobs already ART's `ChoiceLogprobs` when they are plain documents.
-
-    ART's `convert_langgraph_messages` still builds the `Choice` (message, tool calls,
-    finish reason, the other metadata as extra fields); pydantic keeps a `ChoiceLogprobs`
-    it is given as it is, so only the per-token validation is spared. A shallow copy: the
-    tool calls ART rewrites in place are the message's own, as on ART's path.
-    """
-    from artstore.projections.logprobs import choice_logprobs  # imports openai: when needed
-
-    metadata = message.response_metadata
-    if not isinstance(message, AIMessage) or not isinstance(metadata.get("logprobs"), dict):
-        return message
-    built = choice_logprobs(metadata["logprobs"])
-    if built is None:  # not plain: ART's validation decides
-        return message
-    return message.model_copy(update={"response_metadata": {**metadata, "logprobs": built}})
 
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
