@@ -40,8 +40,8 @@ histories), the one ART rebuilds from its logs.
 
 The rebuild target is against ART 0.5.18's FileLogger (Python 3.11), which reads its
 pickles back. ART 0.5.23's converts the entries it kept in memory (nothing read back,
-nothing that outlives the process): artstore is slower than that, and stores more than
-20% of its text-only file (FAIL lines on Python 3.13); the equality check holds on both.
+nothing that outlives the process): artstore's rebuild is slower than that (a FAIL line on
+Python 3.13); the equality check holds on both.
 
 Where the rebuild's time went (2026-12-01, 2-core machine shared with other helpers'
 benchmarks, load average 5-10; cProfile of `store.trajectories` for the 64 rollouts on
