@@ -17,6 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError
 
+from artstore.collector import collector_paused
 from artstore.errors import DatabaseUnavailableError, NotFoundError
 from artstore.eventstore.database import Database, connect, translate_error
 from artstore.eventstore.store import EventStore
@@ -106,38 +107,41 @@ class Store(EventStore):
             rewards = await latest_rewards(connection, ids, scorer)
             bodies = await connection.run_sync(load_bodies, hashes)
         result = {}
-        for rollout_id in ids:
-            recorded_stream = streams[f"rollout-{rollout_id}"]
-            if not recorded_stream:
-                raise NotFoundError(f"no rollout {rollout_id!r} in this store")
-            if rollout_id in recorded:
-                # Without a scorer's reward: the reward the trajectory was recorded with
-                # (a scorer was named: 0.0, as for any rollout it has not scored).
-                found = rewards.get(rollout_id)
-                result[rollout_id] = recorded_trajectory(
-                    recorded[rollout_id],
-                    bodies,
-                    reward=found[0] if found else (None if scorer is None else 0.0),
-                    reward_metrics=found[1] if found else None,
+        # Hundreds of thousands of acyclic objects (a Choice per output, a model per
+        # token): built with the collector paused (artstore.collector says why).
+        with collector_paused():
+            for rollout_id in ids:
+                recorded_stream = streams[f"rollout-{rollout_id}"]
+                if not recorded_stream:
+                    raise NotFoundError(f"no rollout {rollout_id!r} in this store")
+                if rollout_id in recorded:
+                    # Without a scorer's reward: the reward the trajectory was recorded with
+                    # (a scorer was named: 0.0, as for any rollout it has not scored).
+                    found = rewards.get(rollout_id)
+                    result[rollout_id] = recorded_trajectory(
+                        recorded[rollout_id],
+                        bodies,
+                        reward=found[0] if found else (None if scorer is None else 0.0),
+                        reward_metrics=found[1] if found else None,
+                    )
+                    continue
+                started = recorded_stream[0].decode()
+                finished = next(
+                    (e.decode() for e in recorded_stream if e.type == "rollout.finished"), None
                 )
-                continue
-            started = recorded_stream[0].decode()
-            finished = next(
-                (e.decode() for e in recorded_stream if e.type == "rollout.finished"), None
-            )
-            reward, reward_metrics = rewards.get(rollout_id, (0.0, {}))
-            build = (
-                partial(imported_trajectory, imported[rollout_id], bodies)
-                if rollout_id in imported
-                else partial(build_trajectory, calls.rollout(rollout_id))
-            )
-            result[rollout_id] = build(
-                reward=reward,
-                metrics={**(getattr(finished, "metrics", None) or {}), **reward_metrics},
-                metadata=getattr(finished, "metadata", None) or {},
-                logs=getattr(finished, "logs", None) or [],
-                policy_step=getattr(started, "policy_step", None),
-            )
+                reward, reward_metrics = rewards.get(rollout_id, (0.0, {}))
+                build = (
+                    partial(imported_trajectory, imported[rollout_id], bodies)
+                    if rollout_id in imported
+                    else partial(build_trajectory, calls.rollout(rollout_id))
+                )
+                result[rollout_id] = build(
+                    reward=reward,
+                    metrics={**(getattr(finished, "metrics", None) or {}), **reward_metrics},
+                    metadata=getattr(finished, "metadata", None) or {},
+                    logs=getattr(finished, "logs", None) or [],
+                    policy_step=getattr(started, "policy_step", None),
+                )
         return result
 
     # --- maintenance --------------------------------------------------------------------
