@@ -164,3 +164,52 @@ async def test_the_pipeline_trainer_example_runs(database_url, tmp_path):
         assert await projections(store) == before
     assert (run.run, run.status, len(groups)) == ("examples/pipeline", "finished", 8)
     assert steps and len(consumed) <= len(groups)
+
+
+async def test_a_pipeline_lets_go_of_its_model_when_training_ends(database_url):
+    """The recording backend pipeline_trainer wraps around the user's backend is the
+    trainer's own: its lease on the model ends with `train()` (the user closes only the
+    backend they passed in), so the same process may train the model again at once."""
+    import art
+    from art.pipeline_trainer import PipelineRuntimeConfig, make_group_rollout_fn
+
+    from artstore.backends import CheckOnlyBackend
+    from artstore.testing.inference_server import LocalInferenceServer
+    from artstore.training.lease import trainer_lease
+
+    with LocalInferenceServer() as server:
+        backend = CheckOnlyBackend(
+            inference_base_url=server.base_url, inference_api_key=server.api_key
+        )
+        model = art.TrainableModel(
+            name="pipe-lease", run_name="pipe-lease", project="pipeline", base_model="Qwen/Qwen3-8B"
+        )
+        await model.register(backend)
+        client = model.openai_client()
+
+        async def rollout(model, scenario, config) -> art.Trajectory:
+            messages = [{"role": "user", "content": scenario["question"]}]
+            completion = await client.chat.completions.create(
+                model=model.get_inference_name(), messages=messages, logprobs=True
+            )
+            answer = completion.choices[0].message.content or ""
+            return art.Trajectory(
+                messages_and_choices=[*messages, completion.choices[0]],
+                reward=float("believe" in answer),
+            )
+
+        async with await artstore.open_store(database_url) as store:
+            trainer = artstore.pipeline_trainer(
+                store,
+                run="pipe-lease",
+                model=model,
+                backend=backend,
+                rollout_fn=make_group_rollout_fn(rollout, n=4),
+                scenarios=[{"question": f"What is fact number {i}?"} for i in range(4)],
+                pipeline=PipelineRuntimeConfig(num_rollout_workers=2, min_batch_size=2),
+                max_steps_off_policy=4,
+            )
+            await trainer.train()
+            async with trainer_lease(store.database, "again", "pipeline/pipe-lease"):
+                pass  # TrainerConflictError if the pipeline still held the model
+        await backend.close()

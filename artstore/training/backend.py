@@ -88,11 +88,18 @@ class RecordingBackend:
     async def close(self) -> None:
         """Release the models this backend trains, then close the wrapped backend."""
         try:
+            await self.release()
+        finally:
+            await self._inner.close()
+
+    async def release(self) -> None:
+        """Release the models this backend trains (another process may train them now);
+        the wrapped backend stays open."""
+        try:
             await self._leases.aclose()
         finally:
             object.__setattr__(self, "_leases", AsyncExitStack())
             self._settled.clear()
-            await self._inner.close()
 
     # --- recording ------------------------------------------------------------------------
 

@@ -273,7 +273,9 @@ def pipeline_trainer(
         resume=False,
         **options,
     )
-    trainer._artstore = (store, run)
+    # A wrapper made here is the trainer's own: its leases end with `train()` (the user
+    # closes the backend they passed in, not this wrapper).
+    trainer._artstore = (store, run, recording if recording is not backend else None)
     feed.trainer = trainer
     return trainer
 
@@ -285,13 +287,17 @@ def _durable_trainer_class() -> type:
         """ART's PipelineTrainer; the run's end is recorded in the store."""
 
         async def train(self, *, handle_signals: bool = True) -> None:
-            store, run = self._artstore
+            store, run, own_wrapper = self._artstore
             try:
-                await super().train(handle_signals=handle_signals)
-            except BaseException as exc:
-                await finish_run(store, run, error=exc)
-                raise
-            await finish_run(store, run)
+                try:
+                    await super().train(handle_signals=handle_signals)
+                except BaseException as exc:
+                    await finish_run(store, run, error=exc)
+                    raise
+                await finish_run(store, run)
+            finally:
+                if own_wrapper is not None:
+                    await own_wrapper.release()
 
         def _validate_backend_support(self) -> None:
             try:
