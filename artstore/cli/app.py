@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from typing import Annotated, Any
@@ -120,6 +121,20 @@ app.command("import")(exchange.import_)
 app.command("worker")(worker.worker)
 app.command("demo")(demo.demo)
 app.add_typer(db.app, name="db")
+
+
+def _help_in_paragraphs(typer_app: typer.Typer) -> None:
+    """Give each command its docstring with every paragraph on one line: typer keeps the
+    line breaks of a docstring past its first line and rich wraps those lines again, so
+    on an 80-column terminal `--help` showed ragged half-lines."""
+    for info in typer_app.registered_commands:
+        if info.help is None and info.callback is not None:
+            doc = inspect.getdoc(info.callback) or ""
+            info.help = "\n\n".join(" ".join(part.split()) for part in doc.split("\n\n"))
+
+
+_help_in_paragraphs(app)
+_help_in_paragraphs(db.app)
 
 
 def main() -> None:

@@ -38,7 +38,8 @@ def demo(
         ),
     ] = None,
 ) -> None:
-    """Train a small LangGraph agent offline and record everything (a new run each time).
+    """Train a small LangGraph agent offline and record everything (a new run each time,
+    unless --resume finishes an interrupted one).
 
     The agent answers "how many legs do N animals have?" with two tools, against a
     local inference server started here; a reward function scores it, and a CPU
