@@ -84,7 +84,8 @@ def export(
                 )
         # Progress and notes go to stderr: `export RUN -` writes the JSONL to stdout.
         where = "stdout" if out == "-" else out
-        what = f"{summary.trajectories} trajectories in {summary.groups} groups"
+        trajectories = _count(summary.trajectories, "trajectory", "trajectories")
+        what = f"{trajectories} in {_count(summary.groups, 'group')}"
         if chosen is ExportFormat.jsonl:
             err_console.print(f"wrote {what} of run {run_name!r} to {where}", highlight=False)
         else:
@@ -207,5 +208,5 @@ def _check_readable_input(path: Path) -> None:
         raise typer.Exit(1)
 
 
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def _count(n: int, noun: str, plural: str | None = None) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
