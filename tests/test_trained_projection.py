@@ -101,6 +101,18 @@ def _started(rollout_id: str, group_id: str | None, role: str = "policy") -> Rol
     )
 
 
+def _run_started(scorer: str) -> RunStarted:
+    return RunStarted(
+        run=RUN,
+        project="trained",
+        model="agent",
+        config={},
+        scenarios=[],
+        scorer=scorer,
+        trainer="host:1",
+    )
+
+
 async def _rollout(store, rollout_id: str, group_id: str | None, role: str = "policy") -> None:
     await store.append(
         f"rollout-{rollout_id}",
@@ -112,16 +124,7 @@ async def _rollout(store, rollout_id: str, group_id: str | None, role: str = "po
 
 
 async def test_a_step_follows_rewards_members_and_rollouts_that_come_after_it(store):
-    run = RunStarted(
-        run=RUN,
-        project="trained",
-        model="agent",
-        config={},
-        scenarios=[],
-        scorer="correct",
-        trainer="host:1",
-    )
-    await store.append(f"run-{RUN}", [run])
+    await store.append(f"run-{RUN}", [_run_started(scorer="correct")])
     # Rollouts recorded outside any group (`wrap_rollout`): the seal gives them one later.
     await _rollout(store, "a1", None)
     await _rollout(store, "a2", None)
@@ -226,16 +229,7 @@ async def test_a_rollout_reward_follows_its_run_scorer_set_later(store):
     )
     await assert_rollout_rewards(store)
     assert [r["reward"] for r in await _rows(store, "SELECT reward FROM v_rollouts")] == [0.5]
-    run = RunStarted(
-        run=RUN,
-        project="trained",
-        model="agent",
-        config={},
-        scenarios=[],
-        scorer="correct",
-        trainer="host:1",
-    )
-    await store.append(f"run-{RUN}", [run])
+    await store.append(f"run-{RUN}", [_run_started(scorer="correct")])
     await assert_rollout_rewards(store)
     assert [r["reward"] for r in await _rows(store, "SELECT reward FROM v_rollouts")] == [0.75]
     await store.rebuild_projections()

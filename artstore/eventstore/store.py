@@ -465,12 +465,7 @@ class EventStore:
                 await self._write.reset()
             raise
         self.single_statement_transactions += 1
-        start = 0
-        for item in batch:
-            mine = positions[start : start + len(item.rows)]
-            item.recorded = _recorded(rows[start : start + len(item.rows)], mine)
-            start += len(item.rows)
-            item.result = AppendResult(item.stream_id, item.recorded[-1].version, mine, True)
+        _hand_back(batch, rows, positions)
 
     def _write_fast(self, connection: Connection, batch: list[_Append]) -> None:
         """The whole batch in one INSERT, with versions from the cached stream heads."""
@@ -492,12 +487,7 @@ class EventStore:
         # held until commit, so whatever needs no order is written before it.
         self._insert_blobs(connection, batch)
         positions = self.database.insert_events(connection, rows)
-        start = 0
-        for item in batch:
-            mine = positions[start : start + len(item.rows)]
-            item.recorded = _recorded(rows[start : start + len(item.rows)], mine)
-            start += len(item.rows)
-            item.result = AppendResult(item.stream_id, item.recorded[-1].version, mine, True)
+        _hand_back(batch, rows, positions)
         if self._projector is not None:
             self._projector(connection, [e for item in batch for e in item.recorded])
 
@@ -754,6 +744,16 @@ def _stream_heads(connection: Connection, stream_ids: set[str]) -> dict[str, int
         .group_by(events.c.stream_id)
     )
     return {stream_id: version for stream_id, version in connection.execute(query)}
+
+
+def _hand_back(batch: list[_Append], rows: list[dict[str, Any]], positions: list[int]) -> None:
+    """Give each append of a batch written as one INSERT its events and result."""
+    start = 0
+    for item in batch:
+        mine = positions[start : start + len(item.rows)]
+        item.recorded = _recorded(rows[start : start + len(item.rows)], mine)
+        start += len(item.rows)
+        item.result = AppendResult(item.stream_id, item.recorded[-1].version, mine, True)
 
 
 def _recorded(rows: list[dict[str, Any]], positions: list[int]) -> list[RecordedEvent]:
