@@ -86,7 +86,9 @@ from sqlalchemy.engine import make_url
 
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 # "artstore rollouts": what a rollout worker records, each event projected (see below).
-PEERS = ("artstore", "artstore rollouts", "eventsourcing")
+# "artstore rollouts, one at a time": the same, every append projected under the EXCLUSIVE
+# lock (as before side-by-side projections), measured in the same run.
+PEERS = ("artstore", "artstore rollouts", "artstore rollouts, one at a time", "eventsourcing")
 CALLS_PER_ROLLOUT = 6
 APPENDERS = 2
 PAYLOAD_CHARS = 2048
@@ -112,8 +114,9 @@ def writer_process(peer: str, url: str, seconds: float, out) -> None:
     try:
         if peer == "artstore":
             count = asyncio.run(_artstore_writer(url, ready, seconds))
-        elif peer == "artstore rollouts":
-            count = asyncio.run(_artstore_rollout_writer(url, ready, seconds))
+        elif peer.startswith("artstore rollouts"):
+            alone = peer.endswith("one at a time")
+            count = asyncio.run(_artstore_rollout_writer(url, ready, seconds, alone))
         else:
             count = _eventsourcing_writer(url, ready, seconds)
         out.send(("ok", count))
@@ -154,10 +157,11 @@ async def _artstore_writer(url: str, ready, seconds: float) -> int:
         await store.close()
 
 
-async def _artstore_rollout_writer(url: str, ready, seconds: float) -> int:
+async def _artstore_rollout_writer(url: str, ready, seconds: float, alone: bool) -> int:
     """Rollouts as a worker records them: `rollout.started`, CALLS_PER_ROLLOUT `llm.call`s
     (each with its ~2 KB answer as a new blob, the question shared), `rollout.finished`,
-    one event per append, each projected (the rollout's row, its calls, its messages)."""
+    one event per append, each projected (the rollout's row, its calls, its messages).
+    `alone`: without the side-by-side rule, every append takes the lock alone."""
     from datetime import UTC, datetime
 
     from langchain_core.messages import AIMessage, HumanMessage
@@ -209,7 +213,15 @@ async def _artstore_rollout_writer(url: str, ready, seconds: float) -> int:
                 count += 1
         return count
 
-    store = await artstore.open_store(url, migrate_schema=False)
+    if alone:
+        from artstore.eventstore.database import connect
+        from artstore.projections import project, projected_types
+        from artstore.urls import resolve_url
+
+        database = connect(resolve_url(url))
+        store = artstore.Store(database, projector=project, projected_types=projected_types())
+    else:
+        store = await artstore.open_store(url, migrate_schema=False)
     try:
         await record(0)  # warm: the run's row exists from here on
         start_at = ready()
@@ -286,7 +298,7 @@ class Place:
 
     def fresh(self, peer: str) -> str:
         """A fresh database (schema made directly, not through the proxy); its proxied URL."""
-        name = f"bench_scaling_{peer[:4]}_{secrets.token_hex(4)}"  # (no space in it)
+        name = f"bench_scaling_{peer[:4]}_{secrets.token_hex(4)}"
         with self._admin() as connection:
             connection.execute(f'CREATE DATABASE "{name}"')
         self.created.append(name)
