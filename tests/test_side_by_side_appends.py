@@ -242,3 +242,24 @@ async def test_a_train_step_is_summed_again_under_its_own_lock(database_url, rew
         before = await projections(store)
         await store.rebuild_projections()
         assert await projections(store) == before
+
+
+async def test_without_the_function_every_append_takes_the_lock_alone(postgres_url):
+    # A schema whose function of migration 0010 is gone (or may not be run): the first
+    # append that tries it is written the checked way, and later ones take the lock alone.
+    import psycopg
+
+    async with await artstore.open_store(postgres_url) as store:
+        await store.append("run-r", [run_started("r")])
+        conninfo = postgres_url.replace("postgresql+asyncpg://", "postgresql://")
+        with psycopg.connect(conninfo, autocommit=True) as admin:
+            admin.execute(
+                "DROP FUNCTION artstore_insert_events("
+                "varchar[], varchar[], integer[], varchar[], json[], timestamptz[])"
+            )
+        ids = [str(uuid.uuid4()) for _ in range(3)]
+        for rollout_id in ids:
+            await store.append(f"rollout-{rollout_id}", [started(rollout_id, "r")], NO_STREAM)
+        assert not store._write.single_statement_appends
+        assert store.side_by_side_transactions == 0
+        assert await count(store, t.rollouts) == 3

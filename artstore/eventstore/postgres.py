@@ -409,14 +409,16 @@ def _insert_parameters(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     }
 
 
-def _sqlstate(exc: BaseException) -> str | None:
-    """The SQLSTATE of a driver error, also when wrapped in artstore's."""
+def _function_not_offered(exc: BaseException | None) -> bool:
+    """Whether `exc` (a driver error, also wrapped in artstore's) says that the function of
+    migration 0010 is missing or may not be run, rather than anything else going wrong."""
     while exc is not None:
-        state = getattr(getattr(exc, "orig", None), "sqlstate", None)
-        if state is not None:
-            return state
-        exc = exc.__cause__  # type: ignore[assignment]
-    return None
+        original = getattr(exc, "orig", None)
+        if getattr(original, "sqlstate", None) in _NOT_OFFERED:
+            said = str(original)
+            return "artstore_insert_events" in said or "set_config" in said
+        exc = exc.__cause__
+    return False
 
 
 # The function is missing (a schema before 0010) or may not be run (set_config revoked).
@@ -448,7 +450,7 @@ class PostgresWriter(Writer):
                 lambda active: active.run_sync(work), connection=connection
             )
         except Exception as exc:
-            if _sqlstate(exc) in _NOT_OFFERED:
+            if _function_not_offered(exc):
                 self.single_statement_appends = False  # the lock alone, from now on
             raise
 
@@ -470,7 +472,7 @@ class PostgresWriter(Writer):
         except DBAPIError as exc:
             with contextlib.suppress(Exception):
                 await connection.rollback()
-            if getattr(exc.orig, "sqlstate", None) in _NOT_OFFERED:
+            if _function_not_offered(exc):
                 self.single_statement_appends = False  # transactions from now on
             translated = translate_error(exc, self.database)
             if translated is exc:
