@@ -213,9 +213,10 @@ async def open_store(
     except BaseException:
         await database.dispose()
         raise
-    from artstore.projections import project, projected_types  # not for `--help`
+    from artstore.projections import SideBySide, project, projected_types  # not for `--help`
 
-    return Store(database, projector=project, projected_types=projected_types())
+    types = projected_types()
+    return Store(database, projector=project, projected_types=types, side_by_side=SideBySide(types))
 
 
 async def check_readable(database: Database) -> str:

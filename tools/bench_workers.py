@@ -28,9 +28,12 @@ group) to the start of the train step that trains it.
 Target: 8 worker processes >= 6x one worker process's rollouts per second.
 
 "Waiting for the append lock" is the mean number of the database's sessions found waiting
-for an advisory lock, sampled every 0.1 s while a setup runs: every appending transaction
-of every process holds one append lock across its round trips, which is what bounds the
-appends of many processes (and is measured by tools/bench_append.py).
+for the append lock (the table `append_lock`), sampled every 0.1 s while a setup runs: an
+append holds it from its INSERT into `events` to its commit, alone (a group's seal, a
+train step) or shared with other appends (a rollout's own events, and events nothing
+projects), which is what bounds the appends of many processes (measured by
+tools/bench_append_scaling.py). Until 2026-12-01 this column counted sessions waiting
+for an advisory lock, which the append lock no longer is: it read 0.
 
 Run it from the repository root:
 
@@ -218,8 +221,9 @@ async def measured_from_events(url: str, setup: str, processes: int, concurrency
 
 
 class LockWaits:
-    """Samples, every 0.1 s, how many of the database's sessions wait for an advisory lock
-    (every appending transaction takes the one append lock) while a setup runs."""
+    """Samples, every 0.1 s, how many of the database's sessions wait for the append lock
+    (the table `append_lock`, which appends take from their INSERT into `events` to their
+    commit, alone or side by side) while a setup runs."""
 
     def __init__(self, url: str) -> None:
         self.url = make_url(url).set(drivername="postgresql").render_as_string(False)
@@ -241,8 +245,10 @@ class LockWaits:
         with psycopg.connect(self.url, autocommit=True) as connection:
             while not self._stop:
                 (waiting,) = connection.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND wait_event = 'advisory'"
+                    "SELECT count(DISTINCT pid) FROM pg_locks WHERE NOT granted "
+                    "AND database = (SELECT oid FROM pg_database "
+                    "WHERE datname = current_database()) "
+                    "AND relation = to_regclass('append_lock')"
                 ).fetchone()
                 self.samples.append(waiting)
                 time.sleep(0.1)

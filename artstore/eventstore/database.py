@@ -68,6 +68,10 @@ class Writer:
         holding the append lock as a transaction does; their positions, in that order."""
         raise NotImplementedError
 
+    # Whether `insert_events(..., side_by_side=True)` shares the append lock with other
+    # such transactions (PostgreSQL from migration 0010); elsewhere it is a plain INSERT.
+    side_by_side_appends: bool = False
+
     # Whether `write_now` may commit a small transaction on the caller's thread (SQLite).
     writes_now = False
 
@@ -203,8 +207,15 @@ class Database:
         """The event store's writer (one per store)."""
         raise NotImplementedError
 
-    def insert_events(self, connection: Connection, rows: list[dict[str, Any]]) -> list[int]:
-        """Insert event rows in the order given; their global positions, in that order."""
+    def insert_events(
+        self, connection: Connection, rows: list[dict[str, Any]], *, side_by_side: bool = False
+    ) -> list[int]:
+        """Insert event rows in the order given; their global positions, in that order.
+
+        `side_by_side`: what the transaction projects needs no order across appends
+        (`artstore.projections.side_by_side`), so it may share the append lock with other
+        such transactions where the writer offers that (`Writer.side_by_side_appends`).
+        """
         raise NotImplementedError
 
     def insert_missing(

@@ -151,7 +151,15 @@ class PostgresDatabase(Database):
         self.refuse_writes()
         return PostgresWriter(self)
 
-    def insert_events(self, connection: Connection, rows: list[dict[str, Any]]) -> list[int]:
+    def insert_events(
+        self, connection: Connection, rows: list[dict[str, Any]], *, side_by_side: bool = False
+    ) -> list[int]:
+        if side_by_side:
+            # Through the function of migration 0010, inside this transaction: the INSERT
+            # shares the append lock and holds its advisory key until the commit.
+            result = connection.execute(_INSERT_SIDE_BY_SIDE, _insert_parameters(rows))
+            found = {row.inserted_event_id: row.inserted_position for row in result}
+            return [found[row["event_id"]] for row in rows]
         statement = events.insert().returning(events.c.position, sort_by_parameter_order=True)
         return [row.position for row in connection.execute(statement, rows)]
 
@@ -380,12 +388,37 @@ def _server_options(options: str) -> dict[str, str]:
 # The function (migration 0010) makes the INSERT concurrent: it shares the append lock
 # with other such appends and holds an advisory key below its positions, which readers
 # stop at (`safe_position`). The arrays keep the rows' order, so positions follow it.
-_INSERT_AND_COMMIT = text(
+# Inside a transaction (an append whose projections need no order), the same.
+_INSERT_SIDE_BY_SIDE = text(
     "SELECT inserted_event_id, inserted_position FROM artstore_insert_events("
     "CAST(:event_ids AS varchar[]), CAST(:stream_ids AS varchar[]), "
     "CAST(:versions AS integer[]), CAST(:types AS varchar[]), CAST(:data AS json[]), "
     "CAST(:recorded_at AS timestamptz[]))"
 )
+
+
+def _insert_parameters(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The event rows as the function's arrays (one per column, in the rows' order)."""
+    return {
+        "event_ids": [row["event_id"] for row in rows],
+        "stream_ids": [row["stream_id"] for row in rows],
+        "versions": [row["version"] for row in rows],
+        "types": [row["type"] for row in rows],
+        "data": [serialize(row["data"]) for row in rows],
+        "recorded_at": [row["recorded_at"] for row in rows],
+    }
+
+
+def _function_not_offered(exc: BaseException | None) -> bool:
+    """Whether `exc` (a driver error, also wrapped in artstore's) says that the function of
+    migration 0010 is missing or may not be run, rather than anything else going wrong."""
+    while exc is not None:
+        original = getattr(exc, "orig", None)
+        if getattr(original, "sqlstate", None) in _NOT_OFFERED:
+            said = str(original)
+            return "artstore_insert_events" in said or "set_config" in said
+        exc = exc.__cause__
+    return False
 
 
 # The function is missing (a schema before 0010) or may not be run (set_config revoked).
@@ -412,32 +445,34 @@ class PostgresWriter(Writer):
         # INSERT, so that the round trips before it (stream heads, blobs, a condition)
         # run without it and appenders of other processes overlap there.
         connection = await self._writer_connection()
-        return await self.database.run_write(
-            lambda active: active.run_sync(work), connection=connection
-        )
+        try:
+            return await self.database.run_write(
+                lambda active: active.run_sync(work), connection=connection
+            )
+        except Exception as exc:
+            if _function_not_offered(exc):
+                self.single_statement_appends = False  # the lock alone, from now on
+            raise
+
+    @property
+    def side_by_side_appends(self) -> bool:  # type: ignore[override]
+        return self.single_statement_appends  # the same function of migration 0010
 
     async def insert_and_commit(self, rows: list[dict[str, Any]]) -> list[int]:
         connection = await self._writer_connection()
-        parameters = {
-            "event_ids": [row["event_id"] for row in rows],
-            "stream_ids": [row["stream_id"] for row in rows],
-            "versions": [row["version"] for row in rows],
-            "types": [row["type"] for row in rows],
-            "data": [serialize(row["data"]) for row in rows],
-            "recorded_at": [row["recorded_at"] for row in rows],
-        }
+        parameters = _insert_parameters(rows)
         # Autocommit for this statement alone (no BEGIN, no COMMIT of the client's):
         # switching costs no round trip, and the connection is back to its transactions
         # afterwards whatever happened.
         await connection.execution_options(isolation_level="AUTOCOMMIT")
         try:
-            result = await connection.execute(_INSERT_AND_COMMIT, parameters)
+            result = await connection.execute(_INSERT_SIDE_BY_SIDE, parameters)
             found = {row.inserted_event_id: row.inserted_position for row in result}
             await connection.commit()  # SQLAlchemy's own bookkeeping: the server committed
         except DBAPIError as exc:
             with contextlib.suppress(Exception):
                 await connection.rollback()
-            if getattr(exc.orig, "sqlstate", None) in _NOT_OFFERED:
+            if _function_not_offered(exc):
                 self.single_statement_appends = False  # transactions from now on
             translated = translate_error(exc, self.database)
             if translated is exc:

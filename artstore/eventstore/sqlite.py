@@ -137,7 +137,10 @@ class SQLiteDatabase(Database):
         self.refuse_writes()
         return SQLiteWriter(self)
 
-    def insert_events(self, connection: Connection, rows: list[dict[str, Any]]) -> list[int]:
+    def insert_events(
+        self, connection: Connection, rows: list[dict[str, Any]], *, side_by_side: bool = False
+    ) -> list[int]:
+        # One writer at a time is the file's own rule: `side_by_side` changes nothing.
         # The writer holds the file's write lock (BEGIN IMMEDIATE), so it numbers the rows
         # itself, after the highest position ever handed out, in the order given: one
         # plain executemany on the driver's connection, without RETURNING (SQLAlchemy

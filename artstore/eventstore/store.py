@@ -94,6 +94,9 @@ class AppendResult:
 # Called inside the appending transaction with the events just written: projections.
 # Synchronous, so that a whole write transaction runs in one call.
 Projector = Callable[[Connection, list[RecordedEvent]], None]
+# Whether a batch's event rows (before their INSERT) may be projected side by side with
+# other appends: their projections need no order across appends.
+SideBySide = Callable[[Connection, list[dict[str, Any]]], bool]
 # Called inside the appending transaction before an append's events are written; raising
 # refuses that append alone (nothing of it is written). Workers check their lease this way.
 Condition = Callable[[Connection], None]
@@ -121,9 +124,12 @@ class EventStore:
         *,
         projector: Projector | None = None,
         projected_types: Collection[str] | None = None,
+        side_by_side: SideBySide | None = None,
     ) -> None:
         self.database = database
         self._projector = projector
+        # Without it, a batch with anything to project takes the append lock alone.
+        self._side_by_side = side_by_side
         # The event types the projector writes anything for (None: every type). A batch
         # of other types needs no projection and may be written in one statement.
         self._projected_types = None if projected_types is None else frozenset(projected_types)
@@ -138,6 +144,8 @@ class EventStore:
         self._stored_blobs: OrderedDict[str, None] = OrderedDict()
         self.transactions = 0  # write transactions committed: group commit at work
         self.single_statement_transactions = 0  # of them, those written by one INSERT
+        self.side_by_side_transactions = 0  # of them, those that shared the append lock
+        self._went_side_by_side = False  # the last transaction's way
         self._appending = 0  # `append` calls not answered yet
         self._writing = False  # the writer task holds a batch
         self._commit_now = False  # set by `append` around its call of `append_nowait`
@@ -356,7 +364,9 @@ class EventStore:
             if rows is not None:
                 await self._write_single_statement(batch, rows)
             else:
+                self._went_side_by_side = False
                 await self._transaction(fast, num_events)
+                self.side_by_side_transactions += self._went_side_by_side
             self.transactions += 1
         except LockTimeoutError:
             raise  # waiting again would only wait as long again: every append gets the error
@@ -483,13 +493,24 @@ class EventStore:
             heads[item.stream_id] = head + len(item.rows)
             if item.condition is not None:
                 item.condition(connection)
+        side_by_side = self._went_side_by_side = self._may_go_side_by_side(connection, rows)
         # Blobs first: on PostgreSQL the append lock is taken by the events' INSERT and
         # held until commit, so whatever needs no order is written before it.
         self._insert_blobs(connection, batch)
-        positions = self.database.insert_events(connection, rows)
+        positions = self.database.insert_events(connection, rows, side_by_side=side_by_side)
         _hand_back(batch, rows, positions)
         if self._projector is not None:
             self._projector(connection, [e for item in batch for e in item.recorded])
+
+    def _may_go_side_by_side(self, connection: Connection, rows: list[dict[str, Any]]) -> bool:
+        """Whether this transaction may share the append lock: the writer offers it, and
+        nothing it projects needs the order of appends."""
+        assert self._write is not None
+        if not self._write.side_by_side_appends:
+            return False
+        if self._projector is None:
+            return True
+        return self._side_by_side is not None and self._side_by_side(connection, rows)
 
     def _write_checked(self, connection: Connection, item: _Append) -> None:
         """One append, checked for a retry, a partial duplicate and its expected version."""

@@ -2,8 +2,10 @@
 
 `project` runs inside the transaction that appends the events, so the tables are always
 exactly as current as the event log; `rebuild` recomputes them from the log alone.
+`SideBySide` says which appends' projections need no order across appends.
 """
 
 from artstore.projections.handlers import project, projected_types, rebuild
+from artstore.projections.side_by_side import SideBySide
 
-__all__ = ["project", "projected_types", "rebuild"]
+__all__ = ["SideBySide", "project", "projected_types", "rebuild"]

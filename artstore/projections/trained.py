@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy.engine import Connection
 
 from artstore.schema import tables as t
@@ -35,6 +35,15 @@ _SET_TRAINED = (
         num_trajectories=bindparam("b_num_trajectories"),
         reward_mean=bindparam("b_reward_mean", type_=_ts.c.reward_mean.type),
     )
+)
+
+
+# Advisory keys of the steps being summed again on PostgreSQL: this offset plus the id.
+STEP_KEY_OFFSET = 0x5472_6169_6E00_0000
+# Taken in the ids' order (sorted by the caller), so two transactions never wait in a circle.
+_LOCK_STEPS = text(
+    f"SELECT pg_advisory_xact_lock({STEP_KEY_OFFSET} + id) "
+    "FROM unnest(CAST(:ids AS bigint[])) AS id"
 )
 
 
@@ -79,8 +88,13 @@ def refresh_trained(c: Connection, step_ids: Iterable[int]) -> None:
     """
     trained = t.rollouts
     latest = t.latest_rewards
+    ids = sorted(set(step_ids))
+    if c.dialect.name == "postgresql" and ids:
+        # Appends projected side by side (artstore.projections.side_by_side) may both
+        # start rollouts of a step's group: each sums the step after the other commits.
+        c.execute(_LOCK_STEPS, {"ids": ids})
     steps = c.execute(
-        select(_ts.c.id, _ts.c.scorer, _ts.c.group_ids).where(_ts.c.id.in_(sorted(set(step_ids))))
+        select(_ts.c.id, _ts.c.scorer, _ts.c.group_ids).where(_ts.c.id.in_(ids))
     ).all()
     updates = []
     for step_id, scorer, group_ids in steps:
