@@ -225,6 +225,33 @@ sessions (load average 1 at the start, 5 to 13 for the rest):
   (5.55x, 9.0x) only when the machine is idle, and the code changed here does not move
   its CPU cost much: the rest is the append and the message rows (see above).
 
+Recording on PostgreSQL at 100,000 rollouts (2026-12-01): 3,992 ev/s at 10,000 but 1,770
+at 100,000 (SQLite 6,663 and 5,267), the client 78 s CPU of 297 s. Each statement timed
+per tenth of the run (client-side, SQLAlchemy cursor events): two grew with the log, the
+rest only with the machine's load. Both asked `events` for hundreds of streams at once
+with `stream_id IN (...)`: the stream heads of a batch's new streams (store.py) and the
+`trajectory.recorded` events of the rollouts it finished (bulk.py; `StoredCalls.load`
+and `read_streams` have the same shape). The database was never ANALYZEd during the run
+(autovacuum is off on this server; on another it comes a while after a bulk load), and
+without statistics PostgreSQL takes each id of an IN list on a non-unique column to match
+0.5% of the rows: the list of 500 matched "all of them", and every batch scanned the
+whole log (parallel seq scan, 150 ms per 500 ids at 526,000 events, 50,000 pages read
+from outside shared_buffers): 53 s + 12 s of 285 s, the last tenth 14x the first. Now
+each stream is looked up on its own (artstore/eventstore/streams.py: `unnest` of an
+array, a LATERAL lookup or max() per id, on the (stream, version) index whatever the
+statistics: 0.15 s -> 5-10 ms per 500 ids), and the writer's session runs without JIT
+(the estimate of 500 lookups before ANALYZE passed jit_above_cost: 40-140 ms of
+compiling per statement). Lookups by a primary key (`refresh_rewards`,
+`steps_of_rollouts`, blobs) were not the cause: the planner knows the key is unique,
+seq-scans `rollouts` while 500 keys cost more through the index and turns to the index
+as the table grows; their time per tenth did not grow. Measured side by side (the code
+before and after, two processes at once, load average 4 to 11, Python 3.13): recording only
+(100,000 rollouts) 1,125 -> 1,300 ev/s, the two lookups 84.6 s -> 6.1 s; the full bench
+(`--databases postgresql --rollouts 100000`, load 9 to 11) 771 -> 865 ev/s; 10,000
+rollouts (load 11) 977 -> 1,055 ev/s (the lookups 2.1 -> 0.7 s). What grows still, per
+statement, grew as much as a one-row lookup of `runs` did, i.e. with the load (INSERTs
+into random-keyed indexes, larger than shared_buffers at 100,000, may add some).
+
 Run it from the repository root:
 
     python tools/bench_queries.py                  # 10,000 rollouts, SQLite and PostgreSQL

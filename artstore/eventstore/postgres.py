@@ -68,6 +68,10 @@ WRITER_SETTINGS = {
     **SESSION_SETTINGS,
     "idle_in_transaction_session_timeout": "60s",
     "statement_timeout": "300s",
+    # JIT compiling takes 40-140 ms a statement once the planner's estimate passes
+    # jit_above_cost, which a batch's lookups of hundreds of streams do before ANALYZE has
+    # run (artstore/eventstore/streams.py); it never pays for these short statements.
+    "jit": "off",
 }
 
 # libpq's URL parameters that artstore understands, besides host, port, user, password.

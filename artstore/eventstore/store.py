@@ -48,6 +48,7 @@ from artstore.errors import (
 from artstore.events import Event, decode_event, encode_event
 from artstore.eventstore.blobs import EncodedJson, blob_row, read_blob_texts
 from artstore.eventstore.database import Database, Writer, translate_error
+from artstore.eventstore.streams import events_of_streams, stream_heads
 from artstore.redaction import Redactor
 from artstore.schema.tables import blobs, events
 
@@ -482,7 +483,7 @@ class EventStore:
         streams = {item.stream_id for item in batch}
         # Only this batch's heads: copying the whole cache (up to 100,000) costs milliseconds.
         heads = {stream: self._heads[stream] for stream in streams if stream in self._heads}
-        heads.update(_stream_heads(connection, streams - heads.keys()))
+        heads.update(stream_heads(connection, streams - heads.keys()))
         rows: list[dict[str, Any]] = []
         for item in batch:
             head = heads.get(item.stream_id, 0)
@@ -544,7 +545,7 @@ class EventStore:
                     raise
 
     def _write_at_head(self, connection: Connection, item: _Append) -> None:
-        head = _stream_heads(connection, {item.stream_id}).get(item.stream_id, 0)
+        head = stream_heads(connection, {item.stream_id}).get(item.stream_id, 0)
         if item.expected_version is not None and item.expected_version != head:
             raise WrongExpectedVersionError(item.stream_id, item.expected_version, head)
         if item.condition is not None:
@@ -603,11 +604,7 @@ class EventStore:
         found: dict[str, list[RecordedEvent]] = {stream_id: [] for stream_id in ids}
         async with self.database.read() as connection:
             for start in range(0, len(ids), 500):
-                query = (
-                    select(events)
-                    .where(events.c.stream_id.in_(ids[start : start + 500]))
-                    .order_by(events.c.stream_id, events.c.version)
-                )
+                query = events_of_streams(self.dialect, ids[start : start + 500], list(events.c))
                 for row in await connection.execute(query):
                     found[row.stream_id].append(recorded_from_row(row))
         return found
@@ -637,7 +634,7 @@ class EventStore:
 
     async def stream_version(self, stream_id: str) -> int:
         async with self.database.read() as connection:
-            heads = await connection.run_sync(_stream_heads, {stream_id})
+            heads = await connection.run_sync(stream_heads, {stream_id})
         return heads.get(stream_id, 0)
 
     async def last_position(self) -> int:
@@ -754,17 +751,6 @@ def follows(stream_id: str, version: int, event_id: str) -> Callable[[Connection
             )
 
     return condition
-
-
-def _stream_heads(connection: Connection, stream_ids: set[str]) -> dict[str, int]:
-    if not stream_ids:
-        return {}
-    query = (
-        select(events.c.stream_id, func.max(events.c.version))
-        .where(events.c.stream_id.in_(sorted(stream_ids)))
-        .group_by(events.c.stream_id)
-    )
-    return {stream_id: version for stream_id, version in connection.execute(query)}
 
 
 def _hand_back(batch: list[_Append], rows: list[dict[str, Any]], positions: list[int]) -> None:

@@ -40,6 +40,7 @@ from artstore.events import (
     TrajectoryRecorded,
 )
 from artstore.eventstore.store import RecordedEvent, recorded_from_row
+from artstore.eventstore.streams import events_of_streams
 from artstore.projections import rollout_rewards, trained
 from artstore.projections.imported import imported_message_rows, load_bodies
 from artstore.projections.recorded import recorded_blob_hashes
@@ -535,14 +536,10 @@ def _recorded_trajectories(c: Connection, rollout_ids: list[str]) -> dict[str, A
     found: dict[str, Any] = {}
     streams = [f"rollout-{rollout_id}" for rollout_id in dict.fromkeys(rollout_ids)]
     for start in range(0, len(streams), 500):
-        rows = c.execute(
-            select(t.events)
-            .where(
-                t.events.c.stream_id.in_(streams[start : start + 500]),
-                t.events.c.type == TrajectoryRecorded.type,
-            )
-            .order_by(t.events.c.stream_id, t.events.c.version)
-        ).all()
+        query = events_of_streams(
+            c.dialect.name, streams[start : start + 500], list(t.events.c), TrajectoryRecorded.type
+        )
+        rows = c.execute(query).all()
         for row in rows:
             found[row.stream_id.removeprefix("rollout-")] = recorded_from_row(row).decode()
     return found

@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic_core
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from artstore.capture import exchanges as http_documents
 from artstore.capture.messages import count_logprobs, from_json
 from artstore.eventstore.blobs import read_blob_texts
+from artstore.eventstore.streams import events_of_streams
 from artstore.schema.tables import events
 
 if TYPE_CHECKING:
@@ -309,13 +309,11 @@ class StoredCalls:
         }
         stream_ids = list(streams)
         for start in range(0, len(stream_ids), 500):
-            query = (
-                select(events.c.stream_id, events.c.data)
-                .where(
-                    events.c.stream_id.in_(stream_ids[start : start + 500]),
-                    events.c.type == "llm.call",
-                )
-                .order_by(events.c.stream_id, events.c.version)
+            query = events_of_streams(
+                connection.dialect.name,
+                stream_ids[start : start + 500],
+                [events.c.stream_id, events.c.data],
+                "llm.call",
             )
             for row in connection.execute(query):
                 by_rollout[streams[row.stream_id]].append(_as_dict(row.data))
