@@ -68,6 +68,12 @@ class Writer:
         holding the append lock as a transaction does; their positions, in that order."""
         raise NotImplementedError
 
+    def insert_now(self, rows: list[dict[str, Any]]) -> tuple[bool, list[int] | None]:
+        """`insert_and_commit` here and now, if the database can do that without waiting:
+        (True, the positions) once committed, (False, None) when it cannot. An error is
+        raised as it is."""
+        return False, None
+
     # Whether `write_now` may commit a small transaction on the caller's thread (SQLite).
     writes_now = False
 
