@@ -542,12 +542,20 @@ class Cell:
     """The rounds of one peer x scenario x database."""
 
     rates: list[float] = field(default_factory=list)
+    # CPU time of this process per event (all its threads; not the PostgreSQL server's):
+    # less disturbed than the rates when other work shares the machine.
+    cpu_us: list[float] = field(default_factory=list)
     transactions: list[int] = field(default_factory=list)  # artstore only
 
     @property
     def best(self) -> float:
         """The median round (named `best` for the report's code; noise hits both ways)."""
         return statistics.median(self.rates) if self.rates else float("nan")
+
+    @property
+    def cpu(self) -> float:
+        """The median round's CPU microseconds per event."""
+        return statistics.median(self.cpu_us) if self.cpu_us else float("nan")
 
 
 Results = dict[tuple[str, str, str], Cell]  # (database, peer, scenario) -> cell
@@ -585,9 +593,10 @@ async def measure(
 
 async def measure_cell(peer: Peer, scenario: str, events: int, cell: Cell) -> None:
     transactions = peer.store.transactions if isinstance(peer, ArtstorePeer) else 0
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     written = await peer.run(scenario, events)
     cell.rates.append(written / (time.perf_counter() - started))
+    cell.cpu_us.append((time.process_time() - cpu_started) / written * 1e6)
     if isinstance(peer, ArtstorePeer):
         cell.transactions.append(peer.store.transactions - transactions)
 
@@ -624,6 +633,7 @@ def report(results: Results, databases: Sequence[str], events: int, console: Con
         table.add_column(f"{label}\nev/s", justify="right")
         table.add_column(f"{label}\n÷ es", justify="right")
         table.add_column(f"{label}\n÷ raw batch", justify="right")
+        table.add_column(f"{label}\nCPU us/ev", justify="right")
     for peer in PEERS:
         for scenario in SCENARIOS:
             row = [peer, scenario]
@@ -631,12 +641,15 @@ def report(results: Results, databases: Sequence[str], events: int, console: Con
                 mine = results[(database, peer, scenario)].best
                 peer_es = results[(database, "eventsourcing", scenario)].best
                 raw_batched = results[(database, "raw", "batch100")].best
-                row += [rate(mine), ratio(mine, peer_es), ratio(mine, raw_batched)]
+                cpu = results[(database, peer, scenario)].cpu
+                row += [rate(mine), ratio(mine, peer_es), ratio(mine, raw_batched), f"{cpu:.0f}"]
             table.add_row(*row, end_section=scenario == SCENARIOS[-1])
     console.print(table)
     console.print(
         "÷ es: the row's rate over eventsourcing's in the same scenario and database; "
-        "÷ raw batch: over the raw driver's batch100 rate on the same database."
+        "÷ raw batch: over the raw driver's batch100 rate on the same database; CPU us/ev: "
+        "this process's CPU time per event (median round; on PostgreSQL the server's is not "
+        "in it)."
     )
 
     console.print("\n[bold]Targets[/bold] (artstore over eventsourcing, same scenario)")

@@ -149,14 +149,11 @@ class SQLiteDatabase(Database):
         # commit): it only kept a position from being handed out again after the highest
         # event was deleted, which the triggers refuse, and positions of a transaction
         # that rolled back were never seen by a reader.
-        (last,) = _on_driver(connection, _LAST_POSITION).fetchone()
-        first = last + 1
         if self._event_binders is None:
             self._event_binders = _event_binders(connection.dialect)
         data = self._event_binders.data
         values = [
             (
-                first + offset,
                 row["event_id"],
                 row["stream_id"],
                 row["version"],
@@ -164,13 +161,14 @@ class SQLiteDatabase(Database):
                 row["data"] if type(row["data"]) is EncodedJson else data(row["data"]),
                 sqlite_timestamp(row["recorded_at"]),
             )
-            for offset, row in enumerate(rows)
+            for row in rows
         ]
-        if len(values) == 1:
-            _on_driver(connection, _INSERT_EVENTS, values[0])
-        else:
-            _on_driver(connection, _INSERT_EVENTS, values, many=True)
-        return list(range(first, first + len(rows)))
+        if len(values) == 1:  # numbered by the INSERT itself: one statement less
+            return [_on_driver(connection, _INSERT_NEXT_EVENT, values[0]).lastrowid]
+        (last,) = _on_driver(connection, _LAST_POSITION).fetchone()
+        numbered = [(last + offset, *value) for offset, value in enumerate(values, start=1)]
+        _on_driver(connection, _INSERT_EVENTS, numbered, many=True)
+        return list(range(last + 1, last + 1 + len(rows)))
 
     def insert_missing(self, connection: Connection, table: Table, key: str, rows: list[dict]):
         # Not ON CONFLICT DO NOTHING: the schema refuses any insert over a stored blob or
@@ -427,6 +425,10 @@ _LAST_POSITION = (
 _INSERT_EVENTS = (
     "INSERT INTO events (position, event_id, stream_id, version, type, data, recorded_at) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+_INSERT_NEXT_EVENT = (
+    "INSERT INTO events (position, event_id, stream_id, version, type, data, recorded_at) "
+    f"VALUES (({_LAST_POSITION}) + 1, ?, ?, ?, ?, ?, ?)"
 )
 
 
