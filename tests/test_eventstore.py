@@ -36,7 +36,7 @@ from artstore.events import (
 from artstore.eventstore import NO_STREAM, encode_blob
 from artstore.eventstore.database import connect, translate_error
 from artstore.eventstore.sqlite import sqlite_timestamp
-from artstore.eventstore.store import EventStore
+from artstore.eventstore.store import AppendResult, EventStore
 from artstore.projections import project, projected_types
 from artstore.schema.tables import blobs, events
 from artstore.urls import resolve_url
@@ -415,34 +415,61 @@ connection.execute("COMMIT")
 """
 
 
+async def append_while_another_process_holds_the_write_lock(
+    store: EventStore, path: Path, stream_id: str, event: Event
+) -> AppendResult:
+    """Append `event` (at version 2) while another process holds the SQLite file's write
+    lock: the append waits, the event loop keeps running, and it commits once released."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_SQLITE_WRITE_LOCK, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+    waiting = asyncio.create_task(store.append(stream_id, [event], expected_version=1))
+    ticks = 0
+    for _ in range(5):  # the loop keeps running while the append waits
+        await asyncio.sleep(0.02)
+        ticks += 1
+    assert ticks == 5 and not waiting.done()
+    assert holder.stdin is not None
+    holder.stdin.write("\n")
+    holder.stdin.flush()
+    assert holder.wait(timeout=60) == 0
+    return await waiting
+
+
 async def test_sqlite_appends_wait_for_another_process_without_blocking_the_loop(tmp_path):
     # A small append runs on the event loop's thread only when the file is free at once;
     # while another process holds the write lock it waits in the writer thread.
     path = tmp_path / "held.db"
     async with await artstore.open_store(f"sqlite:///{path}") as store:
         first = await store.append("run-h", [finished("h1")], NO_STREAM)
-        holder = subprocess.Popen(
-            [sys.executable, "-c", HOLD_SQLITE_WRITE_LOCK, str(path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
+        second = await append_while_another_process_holds_the_write_lock(
+            store, path, "run-h", finished("h2")
         )
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
-        waiting = asyncio.create_task(store.append("run-h", [finished("h2")], expected_version=1))
-        ticks = 0
-        for _ in range(5):  # the loop keeps running while the append waits
-            await asyncio.sleep(0.02)
-            ticks += 1
-        assert ticks == 5 and not waiting.done()
-        assert holder.stdin is not None
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        assert holder.wait(timeout=60) == 0
-        second = await waiting
         third = await store.append("run-h", [finished("h3")], expected_version=2)
         assert (second.version, third.version) == (2, 3)
         stream = await store.read_stream("run-h")
         assert [e.decode().run for e in stream] == ["h1", "h2", "h3"]
+        assert [e.position for e in stream] == [first.positions[0] + n for n in range(3)]
+
+
+async def test_sqlite_appends_on_the_driver_wait_for_another_process_too(tmp_path):
+    # An append with nothing to project is BEGIN IMMEDIATE, INSERT and COMMIT on the
+    # driver's connection, not a SQLAlchemy transaction: it waits for the lock the same way.
+    path = tmp_path / "held.db"
+    async with await artstore.open_store(f"sqlite:///{path}") as store:
+        first = await store.append("thing-h", [NotProjected(n=1)], NO_STREAM)
+        second = await append_while_another_process_holds_the_write_lock(
+            store, path, "thing-h", NotProjected(n=2)
+        )
+        third = await store.append("thing-h", [NotProjected(n=3)], expected_version=2)
+        assert (second.version, third.version) == (2, 3)
+        assert store.single_statement_transactions == 3  # each on the driver, none aside
+        stream = await store.read_stream("thing-h")
+        assert [e.decode().n for e in stream] == [1, 2, 3]
         assert [e.position for e in stream] == [first.positions[0] + n for n in range(3)]
 
 
@@ -452,9 +479,10 @@ class NotProjected(Event):
 
 
 async def test_single_statement_appends_keep_every_check(database_url):
-    # On PostgreSQL a batch with nothing to project, no condition, no new blob and known
-    # stream heads is one INSERT that commits by itself; what a transaction checks, it
-    # checks too, and the writer's later transactions are still all or nothing.
+    # A batch with nothing to project, no condition, no new blob and known stream heads is
+    # one INSERT that commits by itself (PostgreSQL), or one INSERT sent to the driver
+    # between BEGIN IMMEDIATE and COMMIT (SQLite); what a transaction checks, it checks
+    # too, and the writer's later transactions are still all or nothing.
     await (await artstore.open_store(database_url)).close()  # migrated
 
     def projector(connection, recorded) -> None:
@@ -471,8 +499,7 @@ async def test_single_statement_appends_keep_every_check(database_url):
         one = NotProjected(n=1)
         first = await store.append("thing-1", [one], NO_STREAM)
         assert (first.version, first.written) == (1, True)
-        single = 1 if store.dialect == "postgresql" else 0
-        assert store.single_statement_transactions == single
+        assert store.single_statement_transactions == 1
         again = await store.append("thing-1", [one], NO_STREAM)  # a retry: nothing twice
         assert (again.version, again.positions, again.written) == (1, first.positions, False)
         await other.append("thing-1", [NotProjected(n=2)], expected_version=1)
@@ -483,7 +510,7 @@ async def test_single_statement_appends_keep_every_check(database_url):
         third = await store.append("thing-1", [NotProjected(n=5)], expected_version=2)
         assert third.version == 3  # checked against the database: the head is known again
         fourth = await store.append("thing-1", [NotProjected(n=7)], expected_version=3)
-        assert (fourth.version, store.single_statement_transactions) == (4, 2 * single)
+        assert (fourth.version, store.single_statement_transactions) == (4, 2)
         # Queued together with a projected append: one transaction, as before.
         both = await asyncio.gather(
             store.append("thing-2", [NotProjected(n=6)], NO_STREAM),

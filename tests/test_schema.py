@@ -7,6 +7,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -16,7 +17,8 @@ from typer.testing import CliRunner
 
 import artstore
 from artstore.cli import app
-from artstore.events import new_event_id
+from artstore.events import RunFinished, new_event_id
+from artstore.eventstore import NO_STREAM
 from artstore.schema import migrate
 from artstore.schema.tables import events, metadata
 from artstore.urls import resolve_url
@@ -159,3 +161,103 @@ async def test_0008_drops_the_type_index_and_keeps_every_event(database_url):
     finally:
         await engine.dispose()
     assert before[0][:4] == (stored["event_id"], "run-old", 1, "run.finished")
+
+
+async def test_0011_rebuilds_sqlite_events_without_autoincrement_and_keeps_every_event(
+    database_url,
+):
+    """Upgrading a store written at 0010 keeps every event byte for byte (positions, ids,
+    payloads, times); on SQLite the table loses AUTOINCREMENT and keeps its keys and
+    triggers, positions go on after the highest ever handed out, and a downgrade gives
+    AUTOINCREMENT back. PostgreSQL is untouched."""
+    engine = create_async_engine(resolve_url(database_url))
+    sqlite = database_url.startswith("sqlite")
+    payloads = [
+        {"z": 1, "a": [1.5, -0.0, 1e300], "text": 'é\u0000\u2028 "quoted" 𝄞'},
+        {"b": None, "a": {"nested": True}},
+        {"payload": "x" * 3000},
+    ]
+    stored = [
+        {
+            "event_id": new_event_id(),
+            "stream_id": f"run-{n % 2}",
+            "version": n // 2 + 1,
+            "type": "run.finished",
+            "data": payloads[n % 3],
+            "recorded_at": datetime(2026, 11, 30, 12, 0, n, 123456 + n, tzinfo=UTC),
+        }
+        for n in range(7)
+    ]
+    as_stored = (
+        "SELECT position, event_id, stream_id, version, type, data, recorded_at FROM events"
+        if sqlite
+        else "SELECT position, event_id, stream_id, version, type, data::text, "
+        "recorded_at::text FROM events"
+    ) + " ORDER BY position"
+
+    def schema(connection) -> tuple[str, list[str]]:
+        table = connection.exec_driver_sql(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'events'"
+        ).scalar()
+        triggers = connection.exec_driver_sql(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = 'events' "
+            "ORDER BY name"
+        ).scalars()
+        return table, list(triggers)
+
+    def downgrade(connection) -> None:
+        config = migrate.alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0010")
+
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(migrate.upgrade, "0010")
+            await connection.execute(events.insert(), stored)
+            if sqlite:  # the counter above the highest event: events deleted by hand once
+                await connection.execute(
+                    text("UPDATE sqlite_sequence SET seq = seq + 5 WHERE name = 'events'")
+                )
+                table, triggers = await connection.run_sync(schema)
+                assert "AUTOINCREMENT" in table
+            before = (await connection.execute(text(as_stored))).all()
+        async with engine.begin() as connection:
+            await connection.run_sync(migrate.upgrade, "0011")
+            assert (await connection.execute(text(as_stored))).all() == before
+            if sqlite:
+                upgraded_table, upgraded_triggers = await connection.run_sync(schema)
+                assert "AUTOINCREMENT" not in upgraded_table
+                assert upgraded_triggers == triggers
+                assert {
+                    index["name"]
+                    for index in await connection.run_sync(
+                        lambda sync: inspect(sync).get_unique_constraints("events")
+                    )
+                } == {"uq_events_event_id", "uq_events_stream_id_version"}
+                for statement in (
+                    "UPDATE events SET data = '{}'",
+                    "DELETE FROM events",
+                    f"REPLACE INTO events SELECT * FROM events WHERE position = {before[0][0]}",
+                ):
+                    with pytest.raises(Exception, match="immutable"):
+                        async with connection.begin_nested():
+                            await connection.execute(text(statement))
+        async with await artstore.open_store(database_url) as store:
+            appended = await store.append("run-new", [RunFinished(run="new")], NO_STREAM)
+            later = await store.read_all(after=0)
+        # After the highest position ever handed out: on SQLite the counter, 5 above.
+        assert appended.positions == [before[-1][0] + (6 if sqlite else 1)]
+        assert [(e.position, e.event_id) for e in later[:-1]] == [(r[0], r[1]) for r in before]
+        if sqlite:
+            async with engine.begin() as connection:
+                await connection.run_sync(downgrade)
+                after_downgrade = (await connection.execute(text(as_stored))).all()
+                assert after_downgrade[:-1] == before
+                table, _ = await connection.run_sync(schema)
+                assert "AUTOINCREMENT" in table
+                seq = await connection.execute(
+                    text("SELECT seq FROM sqlite_sequence WHERE name = 'events'")
+                )
+                assert seq.scalar() == appended.positions[0]
+    finally:
+        await engine.dispose()

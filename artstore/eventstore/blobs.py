@@ -35,10 +35,14 @@ from artstore.errors import BlobReadError
 from artstore.eventstore import blob_codec
 from artstore.schema.tables import blobs
 
+# `json.dumps` with these arguments builds this encoder on every call; made once, it
+# writes the same text (~1 us less per event).
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+
 
 def canonical_json(value: Any) -> str:
     """One text per value: sorted keys, no spaces, and no NaN (not JSON, refused by PostgreSQL)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return _CANONICAL.encode(value)
 
 
 def blob_json(value: Any) -> str:

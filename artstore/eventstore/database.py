@@ -72,6 +72,12 @@ class Writer:
     # such transactions (PostgreSQL from migration 0010); elsewhere it is a plain INSERT.
     side_by_side_appends: bool = False
 
+    def insert_now(self, rows: list[dict[str, Any]]) -> tuple[bool, list[int] | None]:
+        """`insert_and_commit` here and now, if the database can do that without waiting:
+        (True, the positions) once committed, (False, None) when it cannot. An error is
+        raised as it is."""
+        return False, None
+
     # Whether `write_now` may commit a small transaction on the caller's thread (SQLite).
     writes_now = False
 

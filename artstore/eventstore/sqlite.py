@@ -147,22 +147,16 @@ class SQLiteDatabase(Database):
         # would send it row by row) and without SQLAlchemy's statement machinery, which
         # cost more than SQLite's work for a single event. Values go through the columns'
         # own bind processors, so they are stored exactly as SQLAlchemy stores them.
-        # AUTOINCREMENT's counter follows explicit positions, so a client that leaves the
-        # position to SQLite numbers after ours.
-        # AUTOINCREMENT itself (one more page per commit: sqlite_sequence) only keeps a
-        # position from being handed out again after the highest event is deleted, which
-        # the triggers refuse, and positions of a transaction that rolled back were never
-        # seen by a reader; so it could go. It stays because taking it off an existing
-        # SQLite table means rebuilding the table (copying every event) for about one page
-        # in six of a single-event commit.
-        (last,) = _on_driver(connection, _LAST_POSITION).fetchone()
-        first = last + 1
+        # A client that leaves the position to SQLite gets the highest rowid plus one:
+        # after ours. The table has no AUTOINCREMENT (migration 0011: one page less per
+        # commit): it only kept a position from being handed out again after the highest
+        # event was deleted, which the triggers refuse, and positions of a transaction
+        # that rolled back were never seen by a reader.
         if self._event_binders is None:
             self._event_binders = _event_binders(connection.dialect)
         data = self._event_binders.data
         values = [
             (
-                first + offset,
                 row["event_id"],
                 row["stream_id"],
                 row["version"],
@@ -170,13 +164,14 @@ class SQLiteDatabase(Database):
                 row["data"] if type(row["data"]) is EncodedJson else data(row["data"]),
                 sqlite_timestamp(row["recorded_at"]),
             )
-            for offset, row in enumerate(rows)
+            for row in rows
         ]
-        if len(values) == 1:
-            _on_driver(connection, _INSERT_EVENTS, values[0])
-        else:
-            _on_driver(connection, _INSERT_EVENTS, values, many=True)
-        return list(range(first, first + len(rows)))
+        if len(values) == 1:  # numbered by the INSERT itself: one statement less
+            return [_on_driver(connection, _INSERT_NEXT_EVENT, values[0]).lastrowid]
+        (last,) = _on_driver(connection, _LAST_POSITION).fetchone()
+        numbered = [(last + offset, *value) for offset, value in enumerate(values, start=1)]
+        _on_driver(connection, _INSERT_EVENTS, numbered, many=True)
+        return list(range(last + 1, last + 1 + len(rows)))
 
     def insert_missing(self, connection: Connection, table: Table, key: str, rows: list[dict]):
         # Not ON CONFLICT DO NOTHING: the schema refuses any insert over a stored blob or
@@ -283,6 +278,59 @@ class SQLiteWriter(Writer):
         self._busy_timeout_s = SQLITE_BUSY_TIMEOUT_S  # as the connection is opened
 
     writes_now = True
+    # An append with nothing to project, no condition and no blob to store is BEGIN
+    # IMMEDIATE, the position query, one INSERT and COMMIT, sent to the driver as they
+    # are: SQLAlchemy's transaction bookkeeping (its begin and commit events) cost more
+    # than SQLite's work for a single event.
+    single_statement_appends = True
+
+    async def insert_and_commit(self, rows: list[dict[str, Any]]) -> list[int]:
+        done, positions = self.insert_now(rows)
+        if done:
+            return positions  # type: ignore[return-value]
+        return await self._in_thread(lambda: self._insert_waiting(rows))
+
+    def insert_now(self, rows: list[dict[str, Any]]) -> tuple[bool, list[int] | None]:
+        if not 0 < len(rows) <= INLINE_MAX_EVENTS:
+            return False, None
+        connection = self._connect()
+        self._busy_timeout(connection, 0)  # never block the event loop on another process
+        try:
+            return True, self._insert_committed(connection, rows)
+        except OperationalError as exc:
+            if is_busy(exc) and not _in_transaction(connection):
+                return False, None  # another process writes: wait for it in the thread
+            raise translate_error(exc, self.database) from exc
+
+    def _insert_waiting(self, rows: list[dict[str, Any]]) -> list[int]:
+        connection = self._connect()
+        self._busy_timeout(connection, SQLITE_BUSY_TIMEOUT_S)
+        deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+        delay = 0.005
+        while True:
+            try:
+                return self._insert_committed(connection, rows)
+            except OperationalError as exc:
+                if not is_busy(exc) or time.monotonic() > deadline:
+                    raise translate_error(exc, self.database) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
+    def _insert_committed(self, connection: Connection, rows: list[dict[str, Any]]) -> list[int]:
+        """One write transaction on the driver's connection: the rows, numbered, committed.
+
+        SQLAlchemy's connection is between transactions here and is left so: whatever
+        fails, the driver's transaction is rolled back before the error goes up."""
+        _on_driver(connection, "BEGIN IMMEDIATE")
+        try:
+            positions = self.database.insert_events(connection, rows)
+            _on_driver(connection, "COMMIT")
+        except BaseException:
+            if _in_transaction(connection):
+                with contextlib.suppress(Exception):
+                    _on_driver(connection, "ROLLBACK")
+            raise
+        return positions
 
     async def transaction(self, work: Callable[[Connection], T], *, events: int = 0) -> T:
         if 0 < events <= INLINE_MAX_EVENTS:
@@ -371,7 +419,8 @@ def _pooled_engine(url: URL, *, pool_size: int, begin: str) -> AsyncEngine:
     return engine
 
 
-# The highest position ever handed out: AUTOINCREMENT's counter, or a stored event's.
+# The highest position ever handed out: a stored event's, or the counter migration 0011
+# keeps in `sqlite_sequence` for a store whose highest events were deleted by hand.
 _LAST_POSITION = (
     "SELECT max(coalesce((SELECT max(position) FROM events), 0), "
     "coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0))"
@@ -380,6 +429,15 @@ _INSERT_EVENTS = (
     "INSERT INTO events (position, event_id, stream_id, version, type, data, recorded_at) "
     "VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
+_INSERT_NEXT_EVENT = (
+    "INSERT INTO events (position, event_id, stream_id, version, type, data, recorded_at) "
+    f"VALUES (({_LAST_POSITION}) + 1, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def _in_transaction(connection: Connection) -> bool:
+    """Whether the driver's connection is inside a transaction (SQLite may have ended it)."""
+    return bool(connection.connection.dbapi_connection.in_transaction)  # type: ignore[union-attr]
 
 
 def _on_driver(
@@ -414,7 +472,9 @@ def _event_binders(dialect: Dialect) -> _EventBinders:
 def sqlite_timestamp(value: datetime) -> str:
     """A `Timestamp` as SQLAlchemy's SQLite dialect stores it (in UTC, without the zone,
     always with microseconds), at a fraction of the cost of its bind processors."""
-    if value.tzinfo is not None:
+    if value.tzinfo is UTC:  # the store's own times: no conversion needed
+        value = value.replace(tzinfo=None)
+    elif value.tzinfo is not None:
         value = value.astimezone(UTC).replace(tzinfo=None)
     return value.isoformat(" ", "microseconds")
 

@@ -277,8 +277,15 @@ class EventStore:
             item.result, item.error, item.recorded = None, None, []
             self._write_fast(connection, [item])
 
+        rows = self._single_statement_rows([item])
         try:
-            done, _ = self._write.write_now(fast, events=len(item.rows))
+            if rows is not None:
+                done, positions = self._write.insert_now(rows)
+                if done:
+                    self.single_statement_transactions += 1
+                    _hand_back([item], rows, positions, to_project=False)  # type: ignore[arg-type]
+            else:
+                done, _ = self._write.write_now(fast, events=len(item.rows))
         except Exception:
             done = False
         if not done:
@@ -476,7 +483,7 @@ class EventStore:
                 await self._write.reset()
             raise
         self.single_statement_transactions += 1
-        _hand_back(batch, rows, positions)
+        _hand_back(batch, rows, positions, to_project=False)
 
     def _write_fast(self, connection: Connection, batch: list[_Append]) -> None:
         """The whole batch in one INSERT, with versions from the cached stream heads."""
@@ -499,7 +506,7 @@ class EventStore:
         # held until commit, so whatever needs no order is written before it.
         self._insert_blobs(connection, batch)
         positions = self.database.insert_events(connection, rows, side_by_side=side_by_side)
-        _hand_back(batch, rows, positions)
+        _hand_back(batch, rows, positions, to_project=self._projector is not None)
         if self._projector is not None:
             self._projector(connection, [e for item in batch for e in item.recorded])
 
@@ -753,14 +760,19 @@ def follows(stream_id: str, version: int, event_id: str) -> Callable[[Connection
     return condition
 
 
-def _hand_back(batch: list[_Append], rows: list[dict[str, Any]], positions: list[int]) -> None:
-    """Give each append of a batch written as one INSERT its events and result."""
+def _hand_back(
+    batch: list[_Append], rows: list[dict[str, Any]], positions: list[int], *, to_project: bool
+) -> None:
+    """Give each append of a batch written as one INSERT its result, and its recorded events
+    where the projector will read them (an append with nothing to project needs none)."""
     start = 0
     for item in batch:
-        mine = positions[start : start + len(item.rows)]
-        item.recorded = _recorded(rows[start : start + len(item.rows)], mine)
-        start += len(item.rows)
-        item.result = AppendResult(item.stream_id, item.recorded[-1].version, mine, True)
+        end = start + len(item.rows)
+        mine = positions[start:end]
+        if to_project:
+            item.recorded = _recorded(rows[start:end], mine)
+        item.result = AppendResult(item.stream_id, rows[end - 1]["version"], mine, True)
+        start = end
 
 
 def _recorded(rows: list[dict[str, Any]], positions: list[int]) -> list[RecordedEvent]:

@@ -113,7 +113,8 @@ events = Table(
     Column("recorded_at", Timestamp, nullable=False),
     UniqueConstraint("stream_id", "version"),
     # No index on `type` (dropped in 0008): each append paid for it and no query needs it.
-    sqlite_autoincrement=True,
+    # No AUTOINCREMENT on SQLite (dropped in 0011): events are never deleted, and the
+    # writer numbers them after the highest position ever handed out.
 )
 
 blobs = Table(
