@@ -20,7 +20,13 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from crash_points import CrashingBackend, CrashPlan, crash_around_appends, run_from_command_line
+from crash_points import (
+    CrashingBackend,
+    CrashPlan,
+    crash_around_appends,
+    finished_in_unsealed_group,
+    run_from_command_line,
+)
 
 MODEL_NAME = "crash"
 PROJECT = "crashtest"
@@ -40,7 +46,11 @@ async def train(url: str, workdir: Path, plan: str) -> None:
 
     async def agent(scenario: dict[str, Any], thread_id: str) -> str:
         reply = await init_chat_model().ainvoke([("user", scenario["question"])])
-        await crash_plan.reach_rollout(finished_per_scenario, scenario["id"], settle_s=0.2)
+        await crash_plan.reach_rollout(
+            finished_per_scenario,
+            scenario["id"],
+            lambda: finished_in_unsealed_group(store, scenario["id"]),
+        )
         finished_per_scenario[scenario["id"]] += 1
         return reply.content
 

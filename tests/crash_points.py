@@ -75,18 +75,41 @@ class CrashPlan:
         return self.armed is not None and self.armed[1:] == (point, self.seen[point] + 1)
 
     async def reach_rollout(
-        self, finished: Counter[int], scenario_id: int, settle_s: float = 0.0
+        self,
+        finished: Counter[int],
+        scenario_id: int,
+        committed: Callable[[], Coroutine[Any, Any, bool]] | None = None,
     ) -> None:
         """Reach "rollout"; when that kills, first let a sibling of the scenario finish
-        (if it runs in this process) and wait `settle_s` for its commit, so that the crash
-        leaves a group with a finished and an in-flight rollout."""
+        (if it runs in this process) and, with `committed`, wait until it says the finish
+        is stored, so that the crash leaves a group with a finished and an in-flight
+        rollout. Both waits end after ~10 s (a loaded machine is slow, never stuck)."""
         if self.fires_next("rollout"):
-            for _ in range(100):
+            for _ in range(1000):
                 if finished[scenario_id]:
                     break
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(settle_s)
+            for _ in range(200 if committed is not None else 0):
+                if await committed():
+                    break
+                await asyncio.sleep(0.05)
         self.reached("rollout")
+
+
+async def finished_in_unsealed_group(store: Any, scenario_id: int) -> bool:
+    """Whether a finished rollout of the scenario is stored in a group not sealed yet."""
+    from sqlalchemy import exists, func, select
+
+    from artstore.schema import tables as t
+
+    ro, groups = t.rollouts, t.groups
+    query = select(func.count()).where(
+        ro.c.scenario_index == scenario_id,
+        ro.c.status == "finished",
+        ~exists().where(groups.c.group_id == ro.c.group_id),
+    )
+    async with store.database.read() as connection:
+        return bool((await connection.execute(query)).scalar())
 
 
 class CrashingBackend(CheckOnlyBackend):

@@ -22,7 +22,13 @@ from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from crash_points import CrashingBackend, CrashPlan, crash_around_appends, run_from_command_line
+from crash_points import (
+    CrashingBackend,
+    CrashPlan,
+    crash_around_appends,
+    finished_in_unsealed_group,
+    run_from_command_line,
+)
 from training_helpers import LOOKUP_TOOL
 
 RUN = "loops/crash"
@@ -83,7 +89,9 @@ async def train(url: str, workdir: Path, plan: str) -> None:
                 logprobs=True,
             )
             trajectory.messages_and_choices.append(completion.choices[0])
-            await crash_plan.reach_rollout(finished, scenario["id"], settle_s=0.2)
+            await crash_plan.reach_rollout(
+                finished, scenario["id"], lambda: finished_in_unsealed_group(store, scenario["id"])
+            )
             message = completion.choices[0].message
             trajectory.reward = float(len(message.content or str(message.tool_calls)) % 5)
             return trajectory
