@@ -367,3 +367,8 @@ def progress(description: str, total: int | None = None) -> Iterator[Any]:
                 bar.update(task, total=value)
 
         yield Advance()
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 group`, `2 groups` (`plural` where adding an s is wrong)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"
