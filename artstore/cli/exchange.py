@@ -116,8 +116,9 @@ def import_(
         Path,
         typer.Argument(
             metavar="PATH",
-            help="An ART trajectory .parquet file, a directory of them (as model.log writes: "
-            "<project>/models/<name>/trajectories/<split>/<step>.parquet), or a .jsonl export.",
+            help="An ART trajectory .parquet file, a directory of them (a model's directory "
+            "under .art, where model.log writes trajectories/<split>/<step>.parquet), or a "
+            ".jsonl export.",
             show_default=False,
         ),
     ],

@@ -44,6 +44,7 @@ FormatOption = Annotated[
     typer.Option(
         "--format",
         case_sensitive=False,
+        metavar="FORMAT",
         help="How to print rows: table (for people), csv or json (for programs).",
     ),
 ]

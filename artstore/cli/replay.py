@@ -26,7 +26,7 @@ def replay(
         str | None,
         typer.Option(
             "--backend",
-            metavar="MODULE:FACTORY",
+            metavar="MODULE:NAME",
             help="A callable returning an art.Backend, or an art.Backend instance, e.g. "
             "artstore.backends:check_only_backend. Needed unless --dry-run.",
             show_default=False,
@@ -34,18 +34,27 @@ def replay(
     ] = None,
     scorer: Annotated[
         str | None,
-        typer.Option(help="Train on the rewards of this scorer. Default: the run's scorer."),
+        typer.Option(
+            metavar="NAME", help="Train on the rewards of this scorer. Default: the run's scorer."
+        ),
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(help="Name of the model to train. Default: the run's own model."),
+        typer.Option(
+            metavar="NAME", help="Name of the model to train. Default: the run's own model."
+        ),
     ] = None,
     project: Annotated[
-        str | None, typer.Option(help="Project of the model. Default: the run's project.")
+        str | None,
+        typer.Option(metavar="NAME", help="Project of the model. Default: the run's project."),
     ] = None,
     base_model: Annotated[
         str | None,
-        typer.Option("--base-model", help="Base model of the model. Default: the run's."),
+        typer.Option(
+            "--base-model",
+            metavar="NAME",
+            help="Base model of the model (to train a run that names none). Default: the run's.",
+        ),
     ] = None,
     dry_run: Annotated[
         bool,
@@ -60,6 +69,7 @@ def replay(
         typer.Option(
             "--max-staleness",
             min=0,
+            metavar="N",
             help="Skip groups generated more than N steps before the step that would train them.",
         ),
     ] = None,
@@ -68,12 +78,15 @@ def replay(
         typer.Option(
             "--groups-per-step",
             min=1,
+            metavar="N",
             help="Groups per train step. Default: the run's batches, as it trained them.",
         ),
     ] = None,
     learning_rate: Annotated[
         float | None,
-        typer.Option("--learning-rate", help="Passed to backend.train. Default: the run's."),
+        typer.Option(
+            "--learning-rate", metavar="LR", help="Passed to backend.train. Default: the run's."
+        ),
     ] = None,
     url: UrlOption = None,
     output: FormatOption = OutputFormat.table,
