@@ -159,3 +159,35 @@ async def test_0008_drops_the_type_index_and_keeps_every_event(database_url):
     finally:
         await engine.dispose()
     assert before[0][:4] == (stored["event_id"], "run-old", 1, "run.finished")
+
+
+async def test_0011_adds_v_runs_model_key_and_the_reader_keeps_reading_v_runs(database_url):
+    engine = create_async_engine(resolve_url(database_url))
+
+    def columns(connection) -> list[str]:
+        return [c["name"] for c in inspect(connection).get_columns("v_runs")]
+
+    async def reader_may_read(connection) -> bool:
+        if connection.dialect.name != "postgresql":
+            return True  # SQLite: the authorizer of `artstore sql` lets it read the views
+        privilege = "SELECT has_table_privilege('artstore_reader', 'v_runs', 'SELECT')"
+        return bool((await connection.execute(text(privilege))).scalar())
+
+    def downgrade(connection) -> None:
+        config = migrate.alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0010")
+
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(migrate.upgrade, "0011")
+            at_0011 = await connection.run_sync(columns)
+            assert await reader_may_read(connection)
+        async with engine.begin() as connection:
+            await connection.run_sync(downgrade)
+            at_0010 = await connection.run_sync(columns)
+            assert await reader_may_read(connection)
+    finally:
+        await engine.dispose()
+    assert at_0011[:4] == ["run", "project", "model", "model_key"]
+    assert at_0010 == [c for c in at_0011 if c != "model_key"]

@@ -435,6 +435,11 @@ def _v_runs() -> Select:
         ru.c.run,
         ru.c.project,
         ru.c.model,
+        # "project/model": how v_train_steps, v_train_step_metrics and v_groups name it.
+        case(
+            (func.coalesce(ru.c.project, "") == "", ru.c.model),
+            else_=ru.c.project + "/" + ru.c.model,
+        ).label("model_key"),
         ru.c.base_model,
         ru.c.validation_model,
         ru.c.scorer,
