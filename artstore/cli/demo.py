@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.output import OutputFormat, print_rows
+from artstore.cli.output import OutputFormat, counted, print_rows
 from artstore.cli.shared import UrlOption, console, err_console, run
 
 
@@ -111,7 +111,7 @@ def demo(
         )
         err_console.print(
             f"demo run [bold]{result.run}[/] is already finished "
-            f"({trained} train steps completed): nothing to resume",
+            f"({counted(trained, 'train step')} completed): nothing to resume",
             highlight=False,
         )
     print_rows(
