@@ -163,7 +163,7 @@ def _parse(sql: str, dialect: str) -> list[exp.Expression]:
         parsed = sqlglot.parse(sql, read=_DIALECTS[dialect])
     except (ParseError, TokenError) as exc:
         raise QueryRefusedError(
-            f"refused: the query does not parse: {_syntax_error(exc, sql)}"
+            f"refused: the query does not parse: {_syntax_error(exc)}"
         ) from None
     return [statement for statement in parsed if statement is not None]
 
@@ -171,7 +171,7 @@ def _parse(sql: str, dialect: str) -> list[exp.Expression]:
 _MISSING_PART = re.compile(r"Required keyword: '\w+' missing for <class '(?:[\w.]*\.)?(\w+)'>")
 
 
-def _syntax_error(exc: ParseError | TokenError, sql: str) -> str:
+def _syntax_error(exc: ParseError | TokenError) -> str:
     """What is wrong and where, in the user's words rather than the parser's internals
     (sqlglot names its own classes: "Required keyword: 'this' missing for <class ...>")."""
     errors = getattr(exc, "errors", None) or []

@@ -141,8 +141,8 @@ def _flags_without_a_type() -> None:
     """Show a flag in `--help` without a value type: typer 0.29's rich help gives every
     option its Python type, so `--dry-run <bool>` read as if it took a value (its plain
     help, and earlier typers, leave a flag's type out). A flag given a metavar keeps it."""
-    shown = TyperOption.display_type_rich
-    if getattr(shown, "leaves_out_flags", False):
+    shown = getattr(TyperOption, "display_type_rich", None)  # typer 0.29's; absent before
+    if shown is None or getattr(shown, "leaves_out_flags", False):
         return
 
     def display_type_rich(self: TyperOption, ctx: click.Context) -> str | None:
