@@ -60,8 +60,11 @@ def text(value: Any) -> str:
         if math.isnan(value) or math.isinf(value):
             return str(value)
         return f"{value:.4g}"
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={text(v)}" for k, v in value.items())
+    if isinstance(value, dict):  # a value that is itself a dict or a list stays JSON: `a={}`
+        return ", ".join(
+            f"{k}={json.dumps(v, default=str) if isinstance(v, dict | list) else text(v)}"
+            for k, v in value.items()
+        )
     if isinstance(value, (list, tuple)):
         if value and all(isinstance(v, float) for v in value):  # rewards, advantages
             return " ".join(f"{v:.3g}" for v in value)
