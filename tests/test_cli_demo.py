@@ -154,3 +154,36 @@ def test_an_interrupted_demo_is_resumed_without_training_a_group_twice(database_
     unknown = cli("demo", "--url", database_url, "--resume", "demo-9")
     assert unknown.exit_code == 1
     assert "no demo run 'demo-9'" in unknown.stderr
+
+
+def test_resuming_a_finished_demo_says_so_and_shows_whose_steps_are_whose(database_url):
+    assert cli("demo", "--url", database_url).exit_code == 0
+    rescored = cli(
+        "rescore", "demo-1", "--reward", "artstore.demo:strict_reward", "--scorer", "strict",
+        "--url", database_url,
+    )  # fmt: skip
+    assert rescored.exit_code == 0, rescored.output
+    replayed = cli(
+        "replay", "demo-1", "--scorer", "strict", "--model", "demo-1-strict",
+        "--backend", "artstore.backends:check_only_backend", "--url", database_url,
+    )  # fmt: skip
+    assert replayed.exit_code == 0, replayed.output
+    counts = "SELECT count(*) AS n FROM v_rollouts UNION ALL SELECT count(*) FROM v_train_steps"
+    before = cli("sql", "--url", database_url, "--format", "csv", counts).stdout
+
+    resumed = cli("demo", "--url", database_url, "--resume", "demo-1")
+
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming" not in resumed.stderr
+    assert "demo run demo-1 is already finished (4 train steps completed): nothing to resume" in (
+        resumed.stderr
+    )
+    assert cli("sql", "--url", database_url, "--format", "csv", counts).stdout == before
+    # The table names the model of each step: the run's own, then the replayed one.
+    table = resumed.stdout.split("train steps of demo-1", 1)[1].split("\n\n", 1)[0]
+    rows = [line.split() for line in table.strip().splitlines()]
+    assert rows[0][:2] == ["model", "step"]
+    assert [(row[0], row[1]) for row in rows[1:]] == [
+        *(("artstore-demo/demo-1", str(step)) for step in range(1, 5)),
+        *(("artstore-demo/demo-1-strict", str(step)) for step in range(1, 5)),
+    ]

@@ -32,3 +32,30 @@ def test_help_and_version_run() -> None:
         )
         assert done.returncode == 0, done.stderr
         assert "artstore" in done.stdout
+
+
+COMMANDS = [
+    [],
+    *[[name] for name in ("replay", "rescore", "runs", "show", "group", "trajectory", "ui")],
+    *[[name] for name in ("sql", "export", "import", "worker", "demo", "db")],
+    ["db", "upgrade"],
+    ["db", "current"],
+    ["db", "rebuild-projections"],
+]
+
+
+def test_help_at_80_columns_shows_flags_as_flags_and_cuts_no_word() -> None:
+    from typer.testing import CliRunner
+
+    from artstore.cli import app
+
+    for command in COMMANDS:
+        shown = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "80"})
+        assert shown.exit_code == 0, (command, shown.output)
+        assert "--help" in shown.stdout
+        assert "<bool>" not in shown.stdout, (command, shown.stdout)  # a flag takes no value
+        assert "…" not in shown.stdout, (command, shown.stdout)  # nothing cut off
+        assert max(len(line) for line in shown.stdout.splitlines()) <= 80, shown.stdout
+    replay = CliRunner().invoke(app, ["replay", "--help"], env={"COLUMNS": "80"}).stdout
+    dry_run = next(line for line in replay.splitlines() if "--dry-run " in line)
+    assert dry_run.split("--dry-run", 1)[1].split()[0] == "Print"  # its help, no type between

@@ -435,3 +435,10 @@ def test_sql_prints_records_when_the_rows_do_not_fit_80_columns(recorded_url):
 
     narrow = in_terminal(80, "sql", "SELECT run, status FROM v_runs", "--url", recorded_url)
     assert any(line.split() == [RUN, "│", "failed"] for line in narrow.splitlines()), narrow
+
+
+def test_a_nested_value_in_a_key_value_cell_reads_as_json() -> None:
+    from artstore.cli.output import text
+
+    config = {"epochs": 2, "train_kwargs": {}, "tags": ["a", "b"], "lr": {"warmup": 0.1}}
+    assert text(config) == 'epochs=2, train_kwargs={}, tags=["a", "b"], lr={"warmup": 0.1}'

@@ -118,6 +118,18 @@ def test_rescore_then_replay_trains_a_second_model_on_the_new_scorer(
     assert consumption["tests/second"]["groups_consumed"] == 4
     assert consumption["tests/second"]["scorers"] == ["strict"]
 
+    # In SQL, v_runs.model_key names the run's own model as the train steps name it.
+    own_steps = cli(
+        "sql", "--url", database_url, "--format", "json",
+        "SELECT r.model, r.model_key, s.model AS trained, count(*) AS steps FROM v_runs AS r "
+        "JOIN v_train_steps AS s ON s.run = r.run AND s.model = r.model_key "
+        "GROUP BY r.model, r.model_key, s.model",
+    )  # fmt: skip
+    assert own_steps.exit_code == 0, own_steps.output
+    assert json.loads(own_steps.stdout) == [
+        {"model": "agent", "model_key": "tests/agent", "trained": "tests/agent", "steps": 4}
+    ]
+
 
 def test_max_staleness_skips_stale_groups(database_url, trained, tmp_path):
     # `ahead` first trains on another run (2 steps); the groups of `trained` come from

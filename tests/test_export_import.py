@@ -749,6 +749,32 @@ async def test_both_parquet_formats_import_as_arts_reader_returns_them(store, ve
     assert await rows(store, everything) == projected
 
 
+def test_a_dry_run_of_a_run_that_names_no_base_model_needs_none(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)
+    imported = cli("import", str(SAMPLES[2]), "--run", "v2", "--url", database_url)
+    assert imported.exit_code == 0, imported.output
+    options = ["--model", "on-v2", "--url", database_url]
+
+    planned = cli("replay", "v2", "--dry-run", *options, "--format", "json")
+    with_backend = cli(
+        "replay", "v2", "--dry-run", *options, "--backend", "artstore.backends:check_only_backend"
+    )
+    training = cli("replay", "v2", *options, "--backend", "artstore.backends:check_only_backend")
+
+    assert planned.exit_code == 0, planned.output  # a plan trains nothing: no base model needed
+    assert [(row["status"], row["train_step"]) for row in json.loads(planned.stdout)] == [
+        ("planned", 1),
+        ("planned", 1),
+    ]
+    assert with_backend.exit_code == 0, with_backend.output
+    assert "would train 2 groups in 1 step" in with_backend.stdout
+    assert training.exit_code == 2  # training does need one
+    assert one_line(training.stderr) == "error: run 'v2' names no base model: give --base-model"
+    assert not (tmp_path / ".art" / "v2" / "models" / "on-v2" / "checkpoints").exists()
+
+
 def test_a_format_2_import_is_trainable_by_replay(
     database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

@@ -261,3 +261,35 @@ async def test_0011_rebuilds_sqlite_events_without_autoincrement_and_keeps_every
                 assert seq.scalar() == appended.positions[0]
     finally:
         await engine.dispose()
+
+
+async def test_0012_adds_v_runs_model_key_and_the_reader_keeps_reading_v_runs(database_url):
+    engine = create_async_engine(resolve_url(database_url))
+
+    def columns(connection) -> list[str]:
+        return [c["name"] for c in inspect(connection).get_columns("v_runs")]
+
+    async def reader_may_read(connection) -> bool:
+        if connection.dialect.name != "postgresql":
+            return True  # SQLite: the authorizer of `artstore sql` lets it read the views
+        privilege = "SELECT has_table_privilege('artstore_reader', 'v_runs', 'SELECT')"
+        return bool((await connection.execute(text(privilege))).scalar())
+
+    def downgrade(connection) -> None:
+        config = migrate.alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0011")
+
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(migrate.upgrade, "0012")
+            at_0012 = await connection.run_sync(columns)
+            assert await reader_may_read(connection)
+        async with engine.begin() as connection:
+            await connection.run_sync(downgrade)
+            at_0011 = await connection.run_sync(columns)
+            assert await reader_may_read(connection)
+    finally:
+        await engine.dispose()
+    assert at_0012[:4] == ["run", "project", "model", "model_key"]
+    assert at_0011 == [c for c in at_0012 if c != "model_key"]

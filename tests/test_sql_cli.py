@@ -182,6 +182,27 @@ def test_a_query_error_is_one_line_and_exit_1(recorded_url):
     assert "Traceback" not in result.output
 
 
+SYNTAX_ERRORS = [
+    ("SELEC 1", "unexpected '1' after 'SELEC' (line 1, column 7)"),
+    ("SELECT * FRM v_runs", "unexpected 'v_runs' after 'FRM' (line 1, column 14)"),
+    ("SELECT run FROM v_runs WHERE", "WHERE is not complete (line 1, column 24)"),
+    ("SELECT run FROM v_runs\nLIMIT", "LIMIT is not complete (line 2, column 1)"),
+    ("SELECT (1", "expected ) near '1' (line 1, column 9)"),
+    ("SELECT 'abc", "a quote or a comment is not closed (or a character is not SQL)"),
+]
+
+
+@pytest.mark.parametrize(("statement", "said"), SYNTAX_ERRORS)
+def test_a_query_that_does_not_parse_is_one_clear_line(recorded_url, statement, said):
+    result = artstore_sql(recorded_url, statement)
+
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0] == f"error: refused: the query does not parse: {said}"
+    assert "Traceback" not in result.output
+
+
 # --- refusals -----------------------------------------------------------------------------
 
 WRITES = [

@@ -73,6 +73,7 @@ async def test_v_runs(recorded):
         "run": RUN,
         "project": "arith",
         "model": MODEL,
+        "model_key": f"arith/{MODEL}",  # project/model (this fixture's model has a slash)
         "base_model": "Qwen/Qwen2.5-0.5B-Instruct",
         "validation_model": VALIDATION_MODEL,
         "scorer": "correct",

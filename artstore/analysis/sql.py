@@ -162,9 +162,42 @@ def _parse(sql: str, dialect: str) -> list[exp.Expression]:
     try:
         parsed = sqlglot.parse(sql, read=_DIALECTS[dialect])
     except (ParseError, TokenError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise QueryRefusedError(f"refused: the query does not parse ({first})") from None
+        raise QueryRefusedError(
+            f"refused: the query does not parse: {_syntax_error(exc)}"
+        ) from None
     return [statement for statement in parsed if statement is not None]
+
+
+_MISSING_PART = re.compile(r"Required keyword: '\w+' missing for <class '(?:[\w.]*\.)?(\w+)'>")
+
+
+def _syntax_error(exc: ParseError | TokenError) -> str:
+    """What is wrong and where, in the user's words rather than the parser's internals
+    (sqlglot names its own classes: "Required keyword: 'this' missing for <class ...>")."""
+    errors = getattr(exc, "errors", None) or []
+    if not errors:  # the tokenizer: a quote or a comment that is not closed
+        return "a quote or a comment is not closed (or a character is not SQL)"
+    error = errors[0]
+    description = str(error.get("description") or "").strip()
+    near = str(error.get("highlight") or "").strip()
+    missing = _MISSING_PART.match(description)
+    if missing is not None:
+        what = f"{near or missing.group(1).upper()} is not complete"
+    elif description.startswith("Invalid expression / Unexpected token"):
+        what = f"unexpected {near!r}" if near else "unexpected end of the query"
+        before = str(error.get("start_context") or "").split()
+        what += f" after {before[-1]!r}" if near and before else ""
+    elif description.startswith("Expecting "):
+        what = f"expected {description.removeprefix('Expecting ').strip()}"
+        what += f" near {near!r}" if near else ""
+    else:
+        what = re.sub(r"<class '(?:[\w.]*\.)?(\w+)'>", r"\1", description) or type(exc).__name__
+    line, column = error.get("line"), error.get("col")
+    if not isinstance(line, int) or not isinstance(column, int):
+        return what
+    if near:  # sqlglot points at the last character of the token; say where it starts
+        column = max(1, column - len(str(error.get("highlight"))) + 1)
+    return f"{what} (line {line}, column {column})"
 
 
 def _check_reads_only(statement: exp.Expression) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import click
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from artstore.cli import (
     db,
@@ -135,6 +135,26 @@ def _help_in_paragraphs(typer_app: typer.Typer) -> None:
 
 _help_in_paragraphs(app)
 _help_in_paragraphs(db.app)
+
+
+def _flags_without_a_type() -> None:
+    """Show a flag in `--help` without a value type: typer 0.29's rich help gives every
+    option its Python type, so `--dry-run <bool>` read as if it took a value (its plain
+    help, and earlier typers, leave a flag's type out). A flag given a metavar keeps it."""
+    shown = getattr(TyperOption, "display_type_rich", None)  # typer 0.29's; absent before
+    if shown is None or getattr(shown, "leaves_out_flags", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: click.Context) -> str | None:
+        if getattr(self, "is_flag", False) and self.metavar is None:
+            return None
+        return shown(self, ctx)
+
+    display_type_rich.leaves_out_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_without_a_type()
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.output import OutputFormat, print_rows
+from artstore.cli.output import OutputFormat, counted, print_rows
 from artstore.cli.shared import UrlOption, console, err_console, run
 
 
@@ -103,9 +103,22 @@ def demo(
                 highlight=False,
             )
         raise
+    if result.already_finished:
+        trained = sum(
+            1
+            for step in described["steps"]
+            if step["model"] == result.model and step["status"] == "completed"
+        )
+        err_console.print(
+            f"demo run [bold]{result.run}[/] is already finished "
+            f"({counted(trained, 'train step')} completed): nothing to resume",
+            highlight=False,
+        )
     print_rows(
         [
             {
+                # Replays train other models on the run's groups: say whose step it is.
+                "model": step["model"],
                 "step": step["step"],
                 "batch": step["batches"],
                 "groups": step["groups"],

@@ -15,6 +15,7 @@ from typing import Annotated
 
 import typer
 
+from artstore.cli.output import counted
 from artstore.cli.shared import UrlOption, console, err_console, fail, run, say_error
 
 
@@ -84,15 +85,15 @@ def export(
                 )
         # Progress and notes go to stderr: `export RUN -` writes the JSONL to stdout.
         where = "stdout" if out == "-" else out
-        trajectories = _count(summary.trajectories, "trajectory", "trajectories")
-        what = f"{trajectories} in {_count(summary.groups, 'group')}"
+        trajectories = counted(summary.trajectories, "trajectory", "trajectories")
+        what = f"{trajectories} in {counted(summary.groups, 'group')}"
         if chosen is ExportFormat.jsonl:
             err_console.print(f"wrote {what} of run {run_name!r} to {where}", highlight=False)
         else:
             from artstore.art_versions import parquet_format_version
 
             console.print(
-                f"wrote {what} of run {run_name!r} to {_count(len(summary.files), 'file')} under "
+                f"wrote {what} of run {run_name!r} to {counted(len(summary.files), 'file')} under "
                 f"{Path(out) / 'trajectories'} (ART's parquet format {parquet_format_version()})",
                 highlight=False,
             )
@@ -115,8 +116,9 @@ def import_(
         Path,
         typer.Argument(
             metavar="PATH",
-            help="An ART trajectory .parquet file, a directory of them (as model.log writes: "
-            "<project>/models/<name>/trajectories/<split>/<step>.parquet), or a .jsonl export.",
+            help="An ART trajectory .parquet file, a directory of them (a model's directory "
+            "under .art, where model.log writes trajectories/<split>/<step>.parquet), or a "
+            ".jsonl export.",
             show_default=False,
         ),
     ],
@@ -206,7 +208,3 @@ def _check_readable_input(path: Path) -> None:
     if problem is not None:
         say_error(problem)
         raise typer.Exit(1)
-
-
-def _count(n: int, noun: str, plural: str | None = None) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"

@@ -44,6 +44,7 @@ FormatOption = Annotated[
     typer.Option(
         "--format",
         case_sensitive=False,
+        metavar="FORMAT",
         help="How to print rows: table (for people), csv or json (for programs).",
     ),
 ]
@@ -59,8 +60,11 @@ def text(value: Any) -> str:
         if math.isnan(value) or math.isinf(value):
             return str(value)
         return f"{value:.4g}"
-    if isinstance(value, dict):
-        return ", ".join(f"{k}={text(v)}" for k, v in value.items())
+    if isinstance(value, dict):  # a value that is itself a dict or a list stays JSON: `a={}`
+        return ", ".join(
+            f"{k}={json.dumps(v, default=str) if isinstance(v, dict | list) else text(v)}"
+            for k, v in value.items()
+        )
     if isinstance(value, (list, tuple)):
         if value and all(isinstance(v, float) for v in value):  # rewards, advantages
             return " ".join(f"{v:.3g}" for v in value)
@@ -367,3 +371,8 @@ def progress(description: str, total: int | None = None) -> Iterator[Any]:
                 bar.update(task, total=value)
 
         yield Advance()
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 group`, `2 groups` (`plural` where adding an s is wrong)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {plural or noun + 's'}"

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from artstore.cli.output import FormatOption, OutputFormat, print_rows, progress
+from artstore.cli.output import FormatOption, OutputFormat, counted, print_rows, progress
 from artstore.cli.plugins import (
     PluginError,
     find_backend,
@@ -26,7 +26,7 @@ def replay(
         str | None,
         typer.Option(
             "--backend",
-            metavar="MODULE:FACTORY",
+            metavar="MODULE:NAME",
             help="A callable returning an art.Backend, or an art.Backend instance, e.g. "
             "artstore.backends:check_only_backend. Needed unless --dry-run.",
             show_default=False,
@@ -34,18 +34,27 @@ def replay(
     ] = None,
     scorer: Annotated[
         str | None,
-        typer.Option(help="Train on the rewards of this scorer. Default: the run's scorer."),
+        typer.Option(
+            metavar="NAME", help="Train on the rewards of this scorer. Default: the run's scorer."
+        ),
     ] = None,
     model: Annotated[
         str | None,
-        typer.Option(help="Name of the model to train. Default: the run's own model."),
+        typer.Option(
+            metavar="NAME", help="Name of the model to train. Default: the run's own model."
+        ),
     ] = None,
     project: Annotated[
-        str | None, typer.Option(help="Project of the model. Default: the run's project.")
+        str | None,
+        typer.Option(metavar="NAME", help="Project of the model. Default: the run's project."),
     ] = None,
     base_model: Annotated[
         str | None,
-        typer.Option("--base-model", help="Base model of the model. Default: the run's."),
+        typer.Option(
+            "--base-model",
+            metavar="NAME",
+            help="Base model of the model (to train a run that names none). Default: the run's.",
+        ),
     ] = None,
     dry_run: Annotated[
         bool,
@@ -60,6 +69,7 @@ def replay(
         typer.Option(
             "--max-staleness",
             min=0,
+            metavar="N",
             help="Skip groups generated more than N steps before the step that would train them.",
         ),
     ] = None,
@@ -68,12 +78,15 @@ def replay(
         typer.Option(
             "--groups-per-step",
             min=1,
+            metavar="N",
             help="Groups per train step. Default: the run's batches, as it trained them.",
         ),
     ] = None,
     learning_rate: Annotated[
         float | None,
-        typer.Option("--learning-rate", help="Passed to backend.train. Default: the run's."),
+        typer.Option(
+            "--learning-rate", metavar="LR", help="Passed to backend.train. Default: the run's."
+        ),
     ] = None,
     url: UrlOption = None,
     output: FormatOption = OutputFormat.table,
@@ -105,7 +118,7 @@ def replay(
         )
         async with await opened as store:
             info = await run_info(store, run_name)
-            trainable = _trainable_model(info, model, project, base_model)
+            trainable = _trainable_model(info, model, project, base_model, dry_run=dry_run)
             loaded = await make_backend(found, backend) if backend is not None else None
             if loaded is not None and not dry_run:
                 try:
@@ -170,7 +183,8 @@ def replay(
     if output is OutputFormat.table and not planned_only and plan.trained_steps:
         console.print(
             f"{plan.model} is at step {plan.trained_steps[-1]} "
-            f"(trained {len(plan.trained_steps)} steps on {len(plan.groups)} groups)",
+            f"(trained {counted(len(plan.trained_steps), 'step')} on "
+            f"{counted(len(plan.groups), 'group')})",
             highlight=False,
             soft_wrap=True,
         )
@@ -192,14 +206,16 @@ async def _model_step(store: Any, trainable: Any, loaded: Any, spec: str | None)
 
 
 def _trainable_model(
-    info: Any, name: str | None, project: str | None, base_model: str | None
+    info: Any, name: str | None, project: str | None, base_model: str | None, *, dry_run: bool
 ) -> Any:
     import art
 
     base = base_model or info.base_model
-    if not base:
-        raise UsageError(f"run {info.run!r} names no base model: give --base-model")
     name = name or info.model
+    if not base:
+        if dry_run:  # a plan trains nothing: the model's name is all it needs
+            return art.Model(name=name, project=project or info.project)
+        raise UsageError(f"run {info.run!r} names no base model: give --base-model")
     return art.TrainableModel(
         name=name, run_name=name, project=project or info.project, base_model=base
     )
@@ -252,7 +268,7 @@ def _headline(plan: Any, planned_only: bool) -> str:
     verb = "would train" if planned_only else "trained"
     parts = [
         f"run {plan.run} → {plan.model} (at step {plan.model_step}), scorer {plan.scorer!r}: "
-        f"{verb} {groups} groups in {steps} steps"
+        f"{verb} {counted(groups, 'group')} in {counted(steps, 'step')}"
     ]
     if plan.consumed:
         parts.append(f"{plan.consumed} consumed before")

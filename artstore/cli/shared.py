@@ -29,6 +29,7 @@ UrlOption = Annotated[
     typer.Option(
         "--url",
         envvar="ARTSTORE_URL",
+        metavar="URL",
         help="Database URL (sqlite:///path or postgresql://...). "
         "Default: $ARTSTORE_URL, then .artstore/artstore.db here.",
         show_default=False,

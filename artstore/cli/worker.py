@@ -43,13 +43,15 @@ def worker(
         ),
     ] = None,
     concurrency: Annotated[
-        int, typer.Option("--concurrency", min=1, help="Rollouts and seals run at once.")
+        int,
+        typer.Option("--concurrency", min=1, metavar="N", help="Rollouts and seals run at once."),
     ] = 4,
     lease: Annotated[
         float,
         typer.Option(
             "--lease",
             min=0.1,
+            metavar="SECONDS",
             help="Seconds a claim lasts without a heartbeat; another worker redoes the "
             "work of a worker silent for longer.",
         ),
@@ -59,6 +61,7 @@ def worker(
         typer.Option(
             "--inference-url",
             envvar=BASE_URL_ENV,
+            metavar="URL",
             help="The inference server as this host reaches it. Default: the URL the "
             "trainer registered.",
             show_default=False,
@@ -66,7 +69,12 @@ def worker(
     ] = None,
     wait: Annotated[
         float,
-        typer.Option("--wait", min=0, help="Seconds to wait for the run's trainer to register."),
+        typer.Option(
+            "--wait",
+            min=0,
+            metavar="SECONDS",
+            help="Seconds to wait for the run's trainer to register.",
+        ),
     ] = 60.0,
     url: UrlOption = None,
 ) -> None:

@@ -28,6 +28,7 @@ class DemoResult:
     art_path: str  # where CheckOnlyBackend keeps the model's checkpoints
     steps: list[int] = field(default_factory=list)
     rollouts: int = 0
+    already_finished: bool = False  # `resume` named a finished run: nothing was done
 
 
 async def demo_runs(store: Store) -> set[str]:
@@ -62,9 +63,10 @@ async def run_demo(
     """Train a new demo run into `store`; the backend's state goes to `<workdir>/.art`.
 
     `resume`: the name of an earlier demo run that stopped before it finished (an
-    interrupted `artstore demo`), resumed where it stopped instead of starting a new run.
-    `on_start(run, rollouts, steps)` is called with the totals, `on_rollout()` after each
-    rollout, `on_step(step)` after each train step.
+    interrupted `artstore demo`), resumed where it stopped instead of starting a new run;
+    a run that finished every step is left as it is (`already_finished`).
+    `on_start(run, rollouts, steps)` is called with the totals when training starts,
+    `on_rollout()` after each rollout, `on_step(step)` after each train step.
     """
     import art
 
@@ -72,11 +74,17 @@ async def run_demo(
     from artstore.demo.task import agent, demo_policy, make_scenarios, reward
     from artstore.testing.inference_server import LocalInferenceServer
     from artstore.training import TrainingConfig, TrainingFramework
+    from artstore.training.framework import run_is_finished
 
     art_path = Path(workdir or Path.cwd()).absolute() / ".art"
     run = resume or await next_run_name(store, art_path)
     if resume is not None and resume not in await demo_runs(store):
         raise NotFoundError(f"no demo run {resume!r} in this store")
+    result = DemoResult(run=run, model=f"{PROJECT}/{run}", art_path=str(art_path))
+    model = art.TrainableModel(name=run, run_name=run, project=PROJECT, base_model=BASE_MODEL)
+    if resume is not None and await run_is_finished(store, run, model, num_scenarios, epochs):
+        result.already_finished = True
+        return result
     scenarios = make_scenarios(num_scenarios)
     config = TrainingConfig(
         epochs=epochs, batch_size=batch_size, group_size=group_size, validation_samples=0
@@ -102,7 +110,6 @@ async def run_demo(
         backend = Backend(
             path=art_path, inference_base_url=server.base_url, inference_api_key=server.api_key
         )
-        model = art.TrainableModel(name=run, run_name=run, project=PROJECT, base_model=BASE_MODEL)
         await model.register(backend)
         summary = await TrainingFramework(store, progress=False).run_training(
             model=model,
@@ -113,10 +120,6 @@ async def run_demo(
             run=run,
         )
         await backend.close()
-    return DemoResult(
-        run=run,
-        model=f"{PROJECT}/{run}",
-        art_path=str(art_path),
-        steps=summary.steps_trained,
-        rollouts=epochs * num_scenarios * group_size,
-    )
+    result.steps = summary.steps_trained
+    result.rollouts = epochs * num_scenarios * group_size
+    return result

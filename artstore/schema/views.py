@@ -1,7 +1,7 @@
 """The SQL views for analysis, declared once; migration 0002 created them, 0003 recreated
 them over PostgreSQL's `json` columns, 0006 over the projections shaped for them (call
 totals on `rollouts`, `latest_rewards`), 0009 over what each train step trained, kept on
-`train_steps`, and each rollout's reward, kept on `rollouts`.
+`train_steps`, and each rollout's reward, kept on `rollouts`; 0012 added `v_runs.model_key`.
 
 Each view is a SQLAlchemy Core `select()` over the projection tables, compiled for the
 database at hand. Everything a view shows is the same on SQLite and on PostgreSQL: the
@@ -435,6 +435,11 @@ def _v_runs() -> Select:
         ru.c.run,
         ru.c.project,
         ru.c.model,
+        # "project/model": how v_train_steps, v_train_step_metrics and v_groups name it.
+        case(
+            (func.coalesce(ru.c.project, "") == "", ru.c.model),
+            else_=ru.c.project + "/" + ru.c.model,
+        ).label("model_key"),
         ru.c.base_model,
         ru.c.validation_model,
         ru.c.scorer,

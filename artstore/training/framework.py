@@ -705,7 +705,7 @@ class TrainingFramework:
                 f"run {run!r} was started with other {', '.join(changed)}; pass the original "
                 "settings to resume it, or a new run name to start another run"
             )
-        if await _finished(store, run, model, len(scenarios), config.epochs):
+        if await run_is_finished(store, run, model, len(scenarios), config.epochs):
             return "finished"
         await store.append(
             f"run-{run}",
@@ -721,8 +721,9 @@ class TrainingFramework:
         return "resumed"
 
 
-async def _finished(store: Store, run: str, model: Any, scenarios: int, epochs: int) -> bool:
-    """The run is recorded as finished and `model` trained every group of its `epochs`."""
+async def run_is_finished(store: Store, run: str, model: Any, scenarios: int, epochs: int) -> bool:
+    """The run is recorded as finished and `model` trained every group of its `epochs`
+    (`run_training` of it again has nothing to do)."""
     from sqlalchemy import select
 
     from artstore.schema import tables as t
