@@ -65,6 +65,11 @@ work (load 6 to 8), 2026-12-01, events/s:
     8                 356                      104
     8 / 1           7.34x  PASS               2.00x  MISS
 
+With the machine otherwise idle (2026-12-01, 3 rounds, medians, all four peers in one
+run): rollouts side by side 100 / 183 / 329 / 551 = 5.54x (PASS), one at a time 98 / 153 /
+146 / 136 = 1.39x (MISS); events nothing projects 568 / 1,036 / 2,111 / 2,870 = 5.05x
+(PASS); eventsourcing 134 / 169 / 168 / 161 = 1.20x.
+
 Where the rest goes: a projected event costs ~2 ms of client CPU and ~1 ms of server CPU
 here (7 to 9 statements, each a round trip), so 2 cores shared with other work cap the
 cluster near 400-600 events/s whatever the lock does.
