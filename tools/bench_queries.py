@@ -251,6 +251,12 @@ before and after, two processes at once, load average 4 to 11, Python 3.13): rec
 rollouts (load 11) 977 -> 1,055 ev/s (the lookups 2.1 -> 0.7 s). What grows still, per
 statement, grew as much as a one-row lookup of `runs` did, i.e. with the load (INSERTs
 into random-keyed indexes, larger than shared_buffers at 100,000, may add some).
+After merging, with the machine otherwise idle (load 1.0 throughout, Python 3.13), the
+100,000-rollout recording on PostgreSQL took 342 s = 1,537 ev/s (the client 95 s of CPU):
+no faster than the 1,770 measured before the change on another idle run. Load 1.0 with
+the client at 28% says one server backend is busy most of the time; what it spends that
+time on at this size (the database is ~1.3 GiB against 128 MiB of shared_buffers, never
+analyzed) is not traced yet.
 
 Run it from the repository root:
 
