@@ -24,6 +24,13 @@ from artstore.schema.tables import events, metadata
 from artstore.urls import resolve_url
 
 
+def downgrade_to(connection, revision: str) -> None:
+    """Alembic's downgrade to `revision` on this (synchronous) connection."""
+    config = migrate.alembic_config()
+    config.attributes["connection"] = connection
+    command.downgrade(config, revision)
+
+
 async def test_migrations_create_exactly_the_declared_tables(store):
     def differences(connection):
         context = MigrationContext.configure(connection, opts={"compare_type": False})
@@ -135,11 +142,6 @@ async def test_0008_drops_the_type_index_and_keeps_every_event(database_url):
         found = inspect(connection).get_indexes("events")
         return [index["name"] for index in found if index["column_names"] == ["type"]]
 
-    def downgrade(connection) -> None:
-        config = migrate.alembic_config()
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0007")
-
     def read_events(connection) -> list[tuple]:
         rows = connection.execute(select(events).order_by(events.c.position)).all()
         return [(r.event_id, r.stream_id, r.version, r.type, r.data, r.recorded_at) for r in rows]
@@ -155,7 +157,7 @@ async def test_0008_drops_the_type_index_and_keeps_every_event(database_url):
             assert await connection.run_sync(type_indexes) == []
             assert await connection.run_sync(read_events) == before
         async with engine.begin() as connection:
-            await connection.run_sync(downgrade)
+            await connection.run_sync(downgrade_to, "0007")
             assert await connection.run_sync(type_indexes) == ["ix_events_type"]
             assert await connection.run_sync(read_events) == before
     finally:
@@ -205,11 +207,6 @@ async def test_0011_rebuilds_sqlite_events_without_autoincrement_and_keeps_every
         ).scalars()
         return table, list(triggers)
 
-    def downgrade(connection) -> None:
-        config = migrate.alembic_config()
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0010")
-
     try:
         async with engine.begin() as connection:
             await connection.run_sync(migrate.upgrade, "0010")
@@ -250,7 +247,7 @@ async def test_0011_rebuilds_sqlite_events_without_autoincrement_and_keeps_every
         assert [(e.position, e.event_id) for e in later[:-1]] == [(r[0], r[1]) for r in before]
         if sqlite:
             async with engine.begin() as connection:
-                await connection.run_sync(downgrade)
+                await connection.run_sync(downgrade_to, "0010")
                 after_downgrade = (await connection.execute(text(as_stored))).all()
                 assert after_downgrade[:-1] == before
                 table, _ = await connection.run_sync(schema)
@@ -275,18 +272,13 @@ async def test_0012_adds_v_runs_model_key_and_the_reader_keeps_reading_v_runs(da
         privilege = "SELECT has_table_privilege('artstore_reader', 'v_runs', 'SELECT')"
         return bool((await connection.execute(text(privilege))).scalar())
 
-    def downgrade(connection) -> None:
-        config = migrate.alembic_config()
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0011")
-
     try:
         async with engine.begin() as connection:
             await connection.run_sync(migrate.upgrade, "0012")
             at_0012 = await connection.run_sync(columns)
             assert await reader_may_read(connection)
         async with engine.begin() as connection:
-            await connection.run_sync(downgrade)
+            await connection.run_sync(downgrade_to, "0011")
             at_0011 = await connection.run_sync(columns)
             assert await reader_may_read(connection)
     finally:
