@@ -22,7 +22,7 @@ from artstore.errors import BlobReadError
 from artstore.events import RunFinished
 from artstore.eventstore import NO_STREAM
 from artstore.eventstore.blob_codec import CODEC, expand_document
-from artstore.eventstore.blobs import blob_hash, blob_json, blob_row, blob_text
+from artstore.eventstore.blobs import StoredBlob, blob_hash, blob_json, blob_row, blob_text
 from artstore.schema.tables import blobs
 
 SEED = 20261201
@@ -166,6 +166,32 @@ def test_compact_form_reads_back_as_the_same_text_and_document():
             assert row["codec"] == CODEC and len(row["body"]) < len(text)
             assert same(expand_document(row["body"]), json.loads(text))
     assert compacted > 300  # most of them: the codec is not skipped
+
+
+def test_a_stored_blob_gives_the_document_its_text_holds():
+    """What a rebuild reads: the document, decoded from the compact form without the text."""
+    rng = random.Random(SEED + 2)
+    for _ in range(600):
+        document = random_document(rng)
+        text = blob_json(document)
+        row = blob_row(blob_hash(text), text)
+        stored = StoredBlob(row["hash"], row["body"], row["codec"])
+        assert same(stored.document(), json.loads(text))
+        assert stored.text() == text
+    lone = blob_json(["\ud800", {"a": -math.inf}])  # plain, with what only Python's json reads
+    assert same(StoredBlob(blob_hash(lone), lone, None).document(), ["\ud800", {"a": -math.inf}])
+
+
+def test_a_compact_body_decoded_to_another_document_is_refused():
+    entries = [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}] * 40
+    text = blob_json({"logprobs": {"content": entries}})
+    other = blob_json({"logprobs": {"content": entries[:-1]}})
+    row = blob_row(blob_hash(other), other)
+    stored = StoredBlob(blob_hash(text), row["body"], row["codec"])  # another list's body
+    with pytest.raises(BlobReadError):
+        stored.document()
+    with pytest.raises(BlobReadError):
+        stored.text()
 
 
 def test_a_logprob_list_is_stored_in_a_fraction_of_its_text():

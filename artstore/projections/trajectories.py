@@ -35,13 +35,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import pydantic_core
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from sqlalchemy.engine import Connection
 
 from artstore.capture import exchanges as http_documents
 from artstore.capture.messages import count_logprobs, from_json
-from artstore.eventstore.blobs import read_blob_texts
+from artstore.eventstore.blobs import StoredBlob, read_stored_blobs
 from artstore.eventstore.streams import events_of_streams
 from artstore.schema.tables import events
 
@@ -296,7 +295,7 @@ class StoredCalls:
     of their index.
     """
 
-    def __init__(self, by_rollout: dict[str, list[dict[str, Any]]], bodies: dict[str, str]):
+    def __init__(self, by_rollout: dict[str, list[dict[str, Any]]], bodies: dict[str, StoredBlob]):
         self.by_rollout = by_rollout
         self.bodies = bodies
 
@@ -358,7 +357,7 @@ class StoredCalls:
 
         def document(digest: str) -> Any:
             if digest not in built:
-                built[digest] = pydantic_core.from_json(self.bodies[digest])
+                built[digest] = self.bodies[digest].document()
             return built[digest]
 
         messages: dict[str, BaseMessage] = {}
@@ -413,8 +412,8 @@ def load_calls(connection: Connection, rollout_ids: Iterable[str]) -> dict[str, 
     return {rollout_id: stored.rollout(rollout_id) for rollout_id in stored.by_rollout}
 
 
-def _blob_bodies(connection: Connection, hashes: set[str]) -> dict[str, str]:
-    return read_blob_texts(connection, sorted(hashes))
+def _blob_bodies(connection: Connection, hashes: set[str]) -> dict[str, StoredBlob]:
+    return read_stored_blobs(connection, sorted(hashes))
 
 
 def _as_dict(data: Any) -> dict[str, Any]:
