@@ -35,6 +35,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
+from artstore.collector import collector_paused
 from artstore.errors import (
     AppendRefusedError,
     ArtstoreError,
@@ -353,7 +354,11 @@ class EventStore:
         def fast(connection: Connection) -> None:
             for item in batch:
                 item.result, item.error, item.recorded = None, None, []
-            self._write_fast(connection, batch)
+            # A batch's rows, recorded events and projection rows are thousands of acyclic
+            # objects that live until it commits: left on, the collector ran full
+            # collections of the whole process's heap during big batches (artstore.collector).
+            with collector_paused():
+                self._write_fast(connection, batch)
 
         def each_in_a_savepoint(connection: Connection) -> None:
             for item in batch:
