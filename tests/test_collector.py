@@ -77,3 +77,21 @@ async def test_store_trajectories_gives_the_collector_back(store, collector_enab
     gc.disable()
     await store.trajectories([rollout.id])
     assert not gc.isenabled()
+
+
+async def test_the_writer_pauses_it_for_a_batch_and_gives_it_back(store, collector_enabled) -> None:
+    from artstore.events import RunFinished
+
+    seen: list[bool] = []
+
+    def condition(connection) -> None:  # runs inside the batch's transaction
+        seen.append(gc.isenabled())
+
+    futures = [
+        store.append_nowait(f"run-{n}", [RunFinished(run=str(n))], condition=condition)
+        for n in range(3)
+    ]
+    for future in futures:
+        await future
+    assert seen == [False, False, False]
+    assert gc.isenabled()
