@@ -143,6 +143,21 @@ After merging (2026-12-01, machine otherwise idle, load 2-3, 5 rounds): SQLite s
 38,892 = 0.71x (MISS), 64 concurrent 16,745 vs 6,307 = 2.66x (PASS); PostgreSQL
 sequential 1,259 vs 812 = 1.55x (PASS).
 
+On 2026-12-02 (a fresh machine of the same kind, 2 cores, otherwise idle, load 0.5;
+3 rounds): SQLite sequential 7,129 vs 7,985 ev/s = 0.89x (MISS), batches of 100 15,685 vs
+24,099 = 0.65x (MISS), 64 concurrent 9,038 vs 4,250 = 2.13x (PASS); PostgreSQL sequential
+748 vs 724 = 1.03x (PASS). This machine is slower than the day before for every peer
+(eventsourcing's single-event commit took 109 us of CPU instead of 59), so compare
+ratios, not rates. What the figures say: artstore's single-event commit (125 us of CPU)
+costs what the raw driver's INSERT + COMMIT on a table like artstore's costs (121 us,
+0.89x eventsourcing as well): what is left of the sequential gap is the table, not
+artstore's Python; in batches of 100 artstore spends ~15 us per event above the raw
+driver on that table (encoding the pydantic event and its canonical JSON, the secret
+scan, the time stamp, the row), and the raw driver ~6 us above eventsourcing (the trigger
+that refuses REPLACE, the unique event id, seven columns against four). Dropping the
+trigger or the event-id key would give up the invariants they hold (nothing altered,
+retries idempotent): not done.
+
 Run it from the repository root:
 
     python tools/bench_append.py                      # both databases, about 1-3 minutes
