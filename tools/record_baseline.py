@@ -29,12 +29,11 @@ from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
-# Runs in the child, with the extracted tree first on sys.path (argv: tree, rollouts,
-# seed, databases as JSON, PostgreSQL URL).
+# Runs in the child, whose PYTHONPATH puts the extracted tree first (argv: tree,
+# rollouts, seed, databases as JSON, PostgreSQL URL).
 _CHILD = """
 import asyncio, importlib.util, json, sys, time
 tree, rollouts, seed, databases, postgres_url = sys.argv[1:6]
-sys.path.insert(0, tree)
 import artstore
 assert artstore.__file__.startswith(tree), artstore.__file__
 spec = importlib.util.spec_from_file_location("baseline_bench", f"{tree}/tools/bench_queries.py")
