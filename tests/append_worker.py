@@ -82,9 +82,9 @@ async def main(
 ) -> None:
     held = False
 
-    def projector(connection, recorded) -> None:
+    def projector(connection, recorded, blobs) -> None:
         nonlocal held
-        project(connection, recorded)
+        project(connection, recorded, blobs)
         if hold and not held:  # inside the write transaction: the lock is held meanwhile
             held = True
             print("holding", flush=True)

@@ -22,7 +22,14 @@ from artstore.errors import BlobReadError
 from artstore.events import RunFinished
 from artstore.eventstore import NO_STREAM
 from artstore.eventstore.blob_codec import CODEC, expand_document
-from artstore.eventstore.blobs import StoredBlob, blob_hash, blob_json, blob_row, blob_text
+from artstore.eventstore.blobs import (
+    StoredBlob,
+    blob_hash,
+    blob_json,
+    blob_row,
+    blob_text,
+    read_stored_blobs,
+)
 from artstore.schema.tables import blobs
 
 SEED = 20261201
@@ -262,3 +269,27 @@ async def test_a_compact_body_that_does_not_read_back_as_its_text_is_refused(sto
         await connection.execute(insert(blobs).values(**wrong))
     with pytest.raises(BlobReadError):
         await store.get_blobs([row["hash"]])
+
+
+async def test_a_text_at_hand_is_read_from_memory_only_where_it_hashes_to_its_key(store):
+    """What an append's projection gets for the blobs the append itself carried."""
+    entries = [{"token": "b", "logprob": -0.25, "bytes": [98], "top_logprobs": []}] * 40
+    stored = blob_json({"logprobs": {"content": entries}})
+    other = blob_json({"logprobs": {"content": entries[:-1]}})
+    in_memory = blob_json({"role": "user", "content": "only in memory"})
+    await store.append(
+        "run-m", [RunFinished(run="m")], NO_STREAM, blobs={blob_hash(stored): stored}
+    )
+    at_hand = {
+        blob_hash(stored): other,  # not its text: the stored blob is read instead
+        blob_hash(in_memory): in_memory,  # its text, not stored: read from memory
+        "0" * 64: in_memory,  # not its hash, not stored: left out
+    }
+    async with store.database.read() as connection:
+        found = await connection.run_sync(read_stored_blobs, [*at_hand], at_hand)
+    assert {digest: blob.text() for digest, blob in found.items()} == {
+        blob_hash(stored): stored,
+        blob_hash(in_memory): in_memory,
+    }
+    assert found[blob_hash(stored)].codec == CODEC  # the row, as stored
+    assert found[blob_hash(in_memory)].document() == {"role": "user", "content": "only in memory"}

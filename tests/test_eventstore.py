@@ -485,8 +485,8 @@ async def test_single_statement_appends_keep_every_check(database_url):
     # too, and the writer's later transactions are still all or nothing.
     await (await artstore.open_store(database_url)).close()  # migrated
 
-    def projector(connection, recorded) -> None:
-        project(connection, recorded)
+    def projector(connection, recorded, blobs) -> None:
+        project(connection, recorded, blobs)
         if any(e.data.get("run") == "bad" for e in recorded):  # after the INSERT
             raise ValueError("this projection fails")
 
@@ -560,8 +560,8 @@ async def test_a_failed_small_sqlite_transaction_leaves_nothing_and_the_writer_u
     url = f"sqlite:///{tmp_path / 'failed.db'}"
     await (await artstore.open_store(url)).close()  # migrated
 
-    def projector(connection, recorded) -> None:
-        project(connection, recorded)
+    def projector(connection, recorded, blobs) -> None:
+        project(connection, recorded, blobs)
         if any(e.data.get("run") == "bad" for e in recorded):  # after the INSERT
             raise ValueError("this projection fails")
 

@@ -115,8 +115,8 @@ async def test_rollouts_from_many_processes_project_as_a_rebuild_does(database_u
 def held_store(url: str, rollout_id: str) -> Store:
     """A store whose projection of `rollout_id`'s start sleeps inside its transaction."""
 
-    def projector(connection, recorded) -> None:
-        project(connection, recorded)
+    def projector(connection, recorded, blobs) -> None:
+        project(connection, recorded, blobs)
         if any(e.data.get("rollout_id") == rollout_id for e in recorded):
             connection.execute(text("SELECT pg_sleep(1.5) -- held by the test"))
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import pydantic_core
@@ -146,10 +146,23 @@ class StoredBlob(NamedTuple):
             )
 
 
-def read_stored_blobs(connection: Connection, hashes: Iterable[str]) -> dict[str, StoredBlob]:
-    """The blobs stored under `hashes`, as stored (hashes not stored are left out)."""
-    wanted = list(dict.fromkeys(hashes))
+def read_stored_blobs(
+    connection: Connection, hashes: Iterable[str], at_hand: Mapping[str, str] | None = None
+) -> dict[str, StoredBlob]:
+    """The blobs stored under `hashes`, as stored (hashes not stored are left out).
+
+    `at_hand`: texts by hash that the caller holds already (the blobs an append's own
+    transaction stores, given to its projection): one whose SHA-256 is its hash is the
+    blob's text, read from memory instead of the database; any other is not used.
+    """
     found: dict[str, StoredBlob] = {}
+    wanted = []
+    for digest in dict.fromkeys(hashes):
+        text = at_hand.get(digest) if at_hand else None
+        if text is not None and blob_hash(text) == digest:
+            found[digest] = StoredBlob(digest, text, None)
+        else:
+            wanted.append(digest)
     for start in range(0, len(wanted), 500):
         query = select(blobs.c.hash, blobs.c.body, blobs.c.codec).where(
             blobs.c.hash.in_(wanted[start : start + 500])
@@ -159,6 +172,9 @@ def read_stored_blobs(connection: Connection, hashes: Iterable[str]) -> dict[str
     return found
 
 
-def read_blob_texts(connection: Connection, hashes: Iterable[str]) -> dict[str, str]:
+def read_blob_texts(
+    connection: Connection, hashes: Iterable[str], at_hand: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """The texts of the blobs stored under `hashes` (hashes not stored are left out)."""
-    return {digest: blob.text() for digest, blob in read_stored_blobs(connection, hashes).items()}
+    found = read_stored_blobs(connection, hashes, at_hand)
+    return {digest: blob.text() for digest, blob in found.items()}

@@ -93,9 +93,10 @@ class AppendResult:
     written: bool  # False when the append was a retry of one already stored
 
 
-# Called inside the appending transaction with the events just written: projections.
-# Synchronous, so that a whole write transaction runs in one call.
-Projector = Callable[[Connection, list[RecordedEvent]], None]
+# Called inside the appending transaction with the events just written and the blob
+# texts the transaction's appends carried, by hash: projections. Synchronous, so that a
+# whole write transaction runs in one call.
+Projector = Callable[[Connection, list[RecordedEvent], Mapping[str, str]], None]
 # Whether a batch's event rows (before their INSERT) may be projected side by side with
 # other appends: their projections need no order across appends.
 SideBySide = Callable[[Connection, list[dict[str, Any]]], bool]
@@ -513,7 +514,8 @@ class EventStore:
         positions = self.database.insert_events(connection, rows, side_by_side=side_by_side)
         _hand_back(batch, rows, positions, to_project=self._projector is not None)
         if self._projector is not None:
-            self._projector(connection, [e for item in batch for e in item.recorded])
+            texts = {digest: text for item in batch for digest, text in item.blobs.items()}
+            self._projector(connection, [e for item in batch for e in item.recorded], texts)
 
     def _may_go_side_by_side(self, connection: Connection, rows: list[dict[str, Any]]) -> bool:
         """Whether this transaction may share the append lock: the writer offers it, and
@@ -568,7 +570,7 @@ class EventStore:
         item.recorded = _recorded(rows, positions)
         item.result = AppendResult(item.stream_id, rows[-1]["version"], positions, True)
         if self._projector is not None:
-            self._projector(connection, item.recorded)
+            self._projector(connection, item.recorded, item.blobs)
 
     def _insert_blobs(self, connection: Connection, batch: list[_Append]) -> None:
         new = {}

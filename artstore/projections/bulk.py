@@ -23,6 +23,7 @@ What ends in the tables is what projecting the events one by one in order wrote:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,6 +259,9 @@ class BulkProjection:
     # all the event log holds of them (an append's transaction; not a page of a rebuild):
     # their messages are built from these instead of reading the payloads back.
     calls_at_hand: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # The blob texts the batch's appends carried, by hash: the messages' blobs are mostly
+    # among them (`read_stored_blobs` uses one only where it hashes to its key).
+    blobs_at_hand: Mapping[str, str] = field(default_factory=dict)
     known_runs: set[str] = field(default_factory=set)
     new_rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)
     calls: dict[str, dict[str, Any]] = field(default_factory=dict)  # by call_id
@@ -273,9 +277,11 @@ class BulkProjection:
     touched: set[str] = field(default_factory=set)
 
     @classmethod
-    def for_batch(cls, connection: Connection, batch: list[RecordedEvent]) -> BulkProjection:
+    def for_batch(
+        cls, connection: Connection, batch: list[RecordedEvent], blobs: Mapping[str, str]
+    ) -> BulkProjection:
         """For the events of an append's transaction (all the log holds of its rollouts
-        started in it)."""
+        started in it) and the blob texts its appends carried."""
         started = {
             f"rollout-{e.data['rollout_id']}": e.data["rollout_id"]
             for e in batch
@@ -285,7 +291,7 @@ class BulkProjection:
         for e in batch:
             if e.type == LLMCall.type and e.stream_id in started:
                 calls[started[e.stream_id]].append(e.data)
-        return cls(connection, calls)
+        return cls(connection, calls, blobs)
 
     def add(self, event: Any, recorded: RecordedEvent) -> None:
         if isinstance(event, RolloutStarted):
@@ -513,11 +519,15 @@ class BulkProjection:
         trajectory when it recorded one, else the one rebuilt from the rollout's calls."""
         c = self.connection
         recorded = _recorded_trajectories(c, rollout_ids)
-        bodies = load_bodies(c, recorded_blob_hashes(list(recorded.values()))) if recorded else {}
+        bodies = (
+            load_bodies(c, recorded_blob_hashes(list(recorded.values())), self.blobs_at_hand)
+            if recorded
+            else {}
+        )
         rebuilt = [rollout_id for rollout_id in rollout_ids if rollout_id not in recorded]
         at_hand = {r: self.calls_at_hand[r] for r in rebuilt if r in self.calls_at_hand}
         read = [rollout_id for rollout_id in rebuilt if rollout_id not in at_hand]
-        stored = StoredCalls.of_payloads(c, at_hand)
+        stored = StoredCalls.of_payloads(c, at_hand, self.blobs_at_hand)
         if read:
             from_log = StoredCalls.load(c, dict.fromkeys(read))
             stored.by_rollout |= from_log.by_rollout

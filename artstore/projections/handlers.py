@@ -9,7 +9,7 @@ in one call (on SQLite, in its writer thread; on PostgreSQL through `run_sync`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import delete, select, update
@@ -55,15 +55,21 @@ def handles(event_class: type[Event]):
 
 
 def project(
-    connection: Connection, recorded: list[RecordedEvent], *, whole_transaction: bool = True
+    connection: Connection,
+    recorded: list[RecordedEvent],
+    blobs: Mapping[str, str] | None = None,
+    *,
+    whole_transaction: bool = True,
 ) -> None:
     """Apply each event to the projection tables (events without a handler are skipped).
 
     `recorded`: the events an append's transaction wrote, unless `whole_transaction` is
-    False (a page of a rebuild, whose rollouts may go on in the next page).
+    False (a page of a rebuild, whose rollouts may go on in the next page). `blobs`: the
+    texts that transaction's appends carried, by hash, read from memory where they are
+    needed instead of from the database.
     """
     bulk = (
-        BulkProjection.for_batch(connection, recorded)
+        BulkProjection.for_batch(connection, recorded, blobs or {})
         if whole_transaction
         else BulkProjection(connection)
     )

@@ -12,7 +12,7 @@ columns a recorded rollout gets (exchanges give no rows: they are not messages o
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
@@ -37,9 +37,11 @@ def blob_hashes(events: Iterable[TrajectoryImported]) -> set[str]:
     return found
 
 
-def load_bodies(connection: Connection, hashes: Iterable[str]) -> dict[str, Any]:
-    """The JSON documents stored under `hashes`."""
-    texts = read_blob_texts(connection, hashes)
+def load_bodies(
+    connection: Connection, hashes: Iterable[str], at_hand: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The JSON documents stored under `hashes` (`at_hand`: as `read_stored_blobs`)."""
+    texts = read_blob_texts(connection, hashes, at_hand)
     return {digest: json.loads(text) for digest, text in texts.items()}
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -320,10 +320,14 @@ class StoredCalls:
 
     @classmethod
     def of_payloads(
-        cls, connection: Connection, by_rollout: dict[str, list[dict[str, Any]]]
+        cls,
+        connection: Connection,
+        by_rollout: dict[str, list[dict[str, Any]]],
+        blobs_at_hand: Mapping[str, str] | None = None,
     ) -> StoredCalls:
         """From each rollout's `llm.call` payloads in stream order (all of them, already
-        at hand: the projection of a batch that started the rollouts); reads the blobs."""
+        at hand: the projection of a batch that started the rollouts); reads the blobs
+        (those of `blobs_at_hand` from memory, as `read_stored_blobs` does)."""
         superseded = {
             data["supersedes"]
             for calls in by_rollout.values()
@@ -349,7 +353,7 @@ class StoredCalls:
             for h in [*data["input"], data["output"], data.get("tools"), data.get("request")]
             if h
         }
-        return cls(kept_by_rollout, _blob_bodies(connection, hashes))
+        return cls(kept_by_rollout, read_stored_blobs(connection, sorted(hashes), blobs_at_hand))
 
     def rollout(self, rollout_id: str) -> RolloutCalls:
         """One rollout's calls, parsed: LangChain messages, HTTP documents."""
@@ -410,10 +414,6 @@ def load_calls(connection: Connection, rollout_ids: Iterable[str]) -> dict[str, 
     """The successful LLM calls of each rollout, parsed."""
     stored = StoredCalls.load(connection, rollout_ids)
     return {rollout_id: stored.rollout(rollout_id) for rollout_id in stored.by_rollout}
-
-
-def _blob_bodies(connection: Connection, hashes: set[str]) -> dict[str, StoredBlob]:
-    return read_stored_blobs(connection, sorted(hashes))
 
 
 def _as_dict(data: Any) -> dict[str, Any]:
