@@ -537,7 +537,8 @@ class BulkProjection:
             if rollout_id in recorded:
                 rows += imported_message_rows(recorded[rollout_id], bodies)
             else:
-                rows += message_rows(rollout_id, stored.rollout(rollout_id).conversations())
+                conversations = stored.rollout(rollout_id, for_rows=True).conversations()
+                rows += message_rows(rollout_id, conversations)
         if rows:
             execute_many(c, _INSERT_MESSAGES, nul_free_tool_calls(rows))
 

@@ -35,7 +35,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    BaseMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from sqlalchemy.engine import Connection
 
 from artstore.capture import exchanges as http_documents
@@ -56,11 +62,12 @@ class Call:
 
     `input_hashes` / `output_hash` are the blob hashes the messages were read from (None
     for calls built in memory): equal hashes mean equal messages, which spares the merge
-    a deep comparison of logprobs.
+    a deep comparison of logprobs. Messages are LangChain's, or `StoredMessage`s where
+    only the projection's rows are made of them (`StoredCalls.rollout(for_rows=True)`).
     """
 
-    input: list[BaseMessage]
-    output: AIMessage
+    input: list[Message]
+    output: Message
     tools: list[dict[str, Any]] | None
     input_hashes: list[str] | None = None
     output_hash: str | None = None
@@ -126,27 +133,125 @@ class Conversation:
     first_index: int = 0
 
 
+class StoredMessage:
+    """A LangChain message as its stored document (`message_to_dict`), for the projection.
+
+    The projection needs a message's type for ART's merging rule and a few fields for its
+    row, and building LangChain message objects was most of its time. Only documents that
+    LangChain would read back unchanged in those fields are kept as documents (`plain`);
+    the message object is built when a merge compares two messages by value.
+    """
+
+    __slots__ = ("_message", "document", "type")
+
+    def __init__(self, document: dict[str, Any]):
+        self.document = document
+        self.type: str = document["type"]
+        self._message: BaseMessage | None = None
+
+    @property
+    def message(self) -> BaseMessage:
+        if self._message is None:
+            self._message = from_json([self.document])[0]
+        return self._message
+
+    @staticmethod
+    def plain(document: Any) -> bool:
+        """Whether LangChain's validation leaves this document's row fields as they are:
+        a human, system, ai or tool message (no chunk) with text content, no fields its
+        class lacks, metadata a dict; an ai message's tool calls complete (name, dict
+        args, id) and nothing to derive them from; a tool message's call id text."""
+        if not isinstance(document, dict) or not isinstance(data := document.get("data"), dict):
+            return False
+        kind = document.get("type")
+        fields = _PLAIN_FIELDS.get(kind)  # type: ignore[arg-type]
+        if (
+            fields is None
+            or not data.keys() <= fields
+            or data.get("type", kind) != kind
+            or not isinstance(data.get("content"), str)
+            or not isinstance(data.get("response_metadata", {}), dict)
+        ):
+            return False
+        if kind == "tool":
+            return isinstance(data.get("tool_call_id"), str)
+        if kind != "ai":
+            return True
+        calls = data.get("tool_calls")
+        return (
+            isinstance(calls, list)
+            and all(_plain_tool_call(call) for call in calls)
+            and not data.get("invalid_tool_calls")
+            and not data.get("tool_call_chunks")
+            and (bool(calls) or not (data.get("additional_kwargs") or {}).get("tool_calls"))
+        )
+
+
+# The fields of each message class a plain document may have (LangChain's own list).
+_PLAIN_FIELDS: dict[str, frozenset[str]] = {
+    kind: frozenset(cls.model_fields)
+    for kind, cls in (
+        ("human", HumanMessage),
+        ("system", SystemMessage),
+        ("ai", AIMessage),
+        ("tool", ToolMessage),
+    )
+}
+
+
+def _plain_tool_call(call: Any) -> bool:
+    return (
+        isinstance(call, dict)
+        and call.keys() <= {"name", "args", "id", "type"}
+        and "id" in call
+        and isinstance(call.get("name"), str)
+        and isinstance(call.get("args"), dict)
+        and (call.get("id") is None or isinstance(call.get("id"), str))
+        and call.get("type", "tool_call") == "tool_call"
+    )
+
+
+Message = BaseMessage | StoredMessage
+
+
+def _is_tool(message: Message) -> bool:
+    if isinstance(message, StoredMessage):
+        return message.type == "tool"
+    return isinstance(message, ToolMessage)
+
+
+def _is_human(message: Message) -> bool:
+    if isinstance(message, StoredMessage):
+        return message.type == "human"
+    return isinstance(message, HumanMessage)
+
+
+def _as_message(message: Message) -> BaseMessage:
+    return message.message if isinstance(message, StoredMessage) else message
+
+
 def _without_tool_messages(
-    messages: list[BaseMessage], hashes: list[str | None]
-) -> list[tuple[str | None, BaseMessage]]:
-    return [(h, m) for h, m in zip(hashes, messages, strict=True) if not isinstance(m, ToolMessage)]
+    messages: list[Message], hashes: list[str | None]
+) -> list[tuple[str | None, Message]]:
+    return [(h, m) for h, m in zip(hashes, messages, strict=True) if not _is_tool(m)]
 
 
-def _same(a: list[tuple[str | None, BaseMessage]], b: list[tuple[str | None, BaseMessage]]) -> bool:
+def _same(a: list[tuple[str | None, Message]], b: list[tuple[str | None, Message]]) -> bool:
     """`[m for m in a] == [m for m in b]`, deciding by hash where both have one."""
     return len(a) == len(b) and all(
-        (ha is not None and ha == hb) or ma == mb for (ha, ma), (hb, mb) in zip(a, b, strict=True)
+        (ha is not None and ha == hb) or _as_message(ma) == _as_message(mb)
+        for (ha, ma), (hb, mb) in zip(a, b, strict=True)
     )
 
 
 def merge_conversations(calls: Iterable[Call]) -> list[Conversation]:
     """ART's conversation-merging rule (`create_messages_from_logs`), over one rollout's calls."""
     conversations: list[Conversation] = []
-    keys: list[list[tuple[str | None, BaseMessage]]] = []  # each conversation without tools
+    keys: list[list[tuple[str | None, Message]]] = []  # each conversation without tools
     for call in calls:
         input_hashes: list[str | None] = list(call.input_hashes or [None] * len(call.input))
         new_non_tool = _without_tool_messages(call.input, input_hashes)
-        if new_non_tool and isinstance(new_non_tool[-1][1], HumanMessage):
+        if new_non_tool and _is_human(new_non_tool[-1][1]):
             new_non_tool = new_non_tool[:-1]
         for index, existing in enumerate(keys):
             if _same(existing, new_non_tool):
@@ -355,8 +460,12 @@ class StoredCalls:
         }
         return cls(kept_by_rollout, read_stored_blobs(connection, sorted(hashes), blobs_at_hand))
 
-    def rollout(self, rollout_id: str) -> RolloutCalls:
-        """One rollout's calls, parsed: LangChain messages, HTTP documents."""
+    def rollout(self, rollout_id: str, *, for_rows: bool = False) -> RolloutCalls:
+        """One rollout's calls, parsed: LangChain messages, HTTP documents.
+
+        `for_rows`: for `message_rows` only (the projection): plain messages are kept as
+        their documents (`StoredMessage`), not built as LangChain messages.
+        """
         built: dict[str, Any] = {}
 
         def document(digest: str) -> Any:
@@ -364,11 +473,16 @@ class StoredCalls:
                 built[digest] = self.bodies[digest].document()
             return built[digest]
 
-        messages: dict[str, BaseMessage] = {}
+        messages: dict[str, Message] = {}
 
-        def message(digest: str) -> BaseMessage:
+        def message(digest: str) -> Message:
             if digest not in messages:
-                messages[digest] = from_json([document(digest)])[0]
+                found = document(digest)
+                messages[digest] = (
+                    StoredMessage(found)
+                    if for_rows and StoredMessage.plain(found)
+                    else from_json([found])[0]
+                )
             return messages[digest]
 
         langchain, http = [], []
@@ -509,7 +623,9 @@ def message_rows(rollout_id: str, conversations: list[Conversation]) -> list[dic
     return rows
 
 
-def _langchain_row(message: BaseMessage) -> dict[str, Any]:
+def _langchain_row(message: Message) -> dict[str, Any]:
+    if isinstance(message, StoredMessage):
+        return _document_row(message)
     num_logprobs = count_logprobs(message) if isinstance(message, AIMessage) else 0
     content = message.content
     return {
@@ -522,6 +638,27 @@ def _langchain_row(message: BaseMessage) -> dict[str, Any]:
         ]
         or None,
         "tool_call_id": getattr(message, "tool_call_id", None),
+        "num_logprobs": num_logprobs,
+    }
+
+
+def _document_row(message: StoredMessage) -> dict[str, Any]:
+    """`_langchain_row` of a plain document, read from the document itself."""
+    data = message.document["data"]
+    num_logprobs = 0
+    if message.type == "ai":
+        logprobs = (data.get("response_metadata") or {}).get("logprobs") or {}
+        num_logprobs = len(logprobs.get("content") or []) if isinstance(logprobs, dict) else 0
+    return {
+        "role": _ROLES[message.type],
+        "content": data["content"],
+        "trainable": num_logprobs > 0,
+        "tool_calls": [
+            {"id": c.get("id"), "name": c["name"], "args": c.get("args")}
+            for c in data.get("tool_calls") or []
+        ]
+        or None,
+        "tool_call_id": data.get("tool_call_id"),
         "num_logprobs": num_logprobs,
     }
 
