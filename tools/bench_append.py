@@ -158,6 +158,19 @@ that refuses REPLACE, the unique event id, seven columns against four). Dropping
 trigger or the event-id key would give up the invariants they hold (nothing altered,
 retries idempotent): not done.
 
+On 2026-12-02, a later, faster machine of the same kind (2 cores, otherwise idle, 3
+rounds, medians; two runs): SQLite sequential 11,991 / 11,336 vs 14,546 / 14,433 ev/s
+(0.82x / 0.79x, MISS), batch100 29,085 / 29,257 vs 48,962 / 45,399 (0.59x / 0.64x,
+MISS), concurrent64 19,638 / 19,249 vs 7,179 / 7,279 (2.74x / 2.64x, PASS); PostgreSQL
+sequential 1,235 / 1,214 vs 886 / 874 (1.39x, PASS). CPU per event, SQLite sequential:
+artstore 73 us, eventsourcing 53, the raw driver on artstore's table 45 (1.13x
+eventsourcing here, where it was 0.89x on the machine before). cProfile of 5,000 lone
+appends there (its overhead included): the driver's three calls (BEGIN IMMEDIATE,
+INSERT, COMMIT) ~50 us, artstore's Python ~25 us (the event's pydantic dump and canonical
+JSON ~7, its row and event id ~5, the append's future and the event loop's turn ~10). On
+this machine the gap is mostly artstore's own layers rather than its table; nothing was
+changed for it in this pass.
+
 Run it from the repository root:
 
     python tools/bench_append.py                      # both databases, about 1-3 minutes
@@ -166,6 +179,7 @@ Run it from the repository root:
 
 PostgreSQL comes from `--postgres-url`, else `$ARTSTORE_BENCH_POSTGRES_URL`, else
 `postgresql://postgres@127.0.0.1:5432/test`; the user must be allowed to create databases.
+
 """
 
 from __future__ import annotations

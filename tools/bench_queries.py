@@ -286,6 +286,29 @@ machine (a faster one) the same code recorded 5,655 and 3,514 events/s (5.79x an
 of the rates measured for the issue). What is left per event is the append (JSON of the
 payloads, the events and blobs INSERTs) and the message rows of the projection.
 
+Fourth pass on recording (2026-12-02, a faster 2-core machine, otherwise idle; py-spy of
+the writer thread, 10,000 rollouts, SQLite). The side-by-side peer is faster here too
+(1,500-1,770 events/s on SQLite), and artstore was at 4.56-5.11x. Found, of the writer's
+time: 76% projection, of which ~23% the message rows: LangChain message objects built
+from the stored documents (~10%), their rows (~5%), reading back from the blobs table the
+blobs the batch itself had just stored (~4%). Changed: the projector gets the blob texts
+the transaction's appends carried, and uses one wherever its SHA-256 is its hash
+(`read_stored_blobs(..., at_hand)`), and message rows are read from the documents
+themselves where LangChain would read the document back unchanged in the row's fields
+(`StoredMessage.plain`: a human, system, ai or tool message with text content and no
+field its class lacks; a message is built when the merging rule must compare two by
+value). tests/test_message_rows.py holds the rows to those LangChain's objects give.
+The writer's time went from 967 to 765 samples (-21%). The caller's side is now about a
+third of the wall time, nearly all of it the cyclic collector's passes over the bench's
+own queued plan during `canonical_json` (see the third pass). Same run, alternating
+trees, SQLite, Python 3.11: before 8,127 / 8,101 events/s (4.61x / 4.65x), after 9,121 /
+8,329 (5.14x / 4.82x). Full runs after: Python 3.11 SQLite 8,554 vs 1,725 (4.96x, MISS),
+PostgreSQL 5,772 vs 782 (7.38x); Python 3.13 SQLite 9,130 vs 1,623 (5.62x), PostgreSQL
+5,952 vs 758 (7.85x). Tried and left out: keeping only the JSON text of queued payloads
+(parsing it again in the writer) saves ~3%, but the projection then sees payload keys in
+canonical order, not the order the caller gave (a reward table's row order follows a
+`rewards` dict's order); that is what a rebuild sees, and should be decided on its own.
+
 Run it from the repository root:
 
     python tools/bench_queries.py                  # 10,000 rollouts, SQLite and PostgreSQL
