@@ -236,6 +236,18 @@ async def test_blobs_are_stored_once_by_content(store):
     assert await store.get_blobs([digest, "missing"]) == {digest: body}
 
 
+async def test_a_blob_under_another_hash_than_its_texts_is_refused_with_its_append(store):
+    digest, body = encode_blob({"role": "user", "content": "the text"})
+    other, _ = encode_blob({"role": "user", "content": "another text"})
+    with pytest.raises(InvalidEventError, match="SHA-256 of its text") as refused:
+        await store.append("run-b", [finished("b")], NO_STREAM, blobs={other: body})
+    assert "\n" not in str(refused.value)
+    assert await store.read_all() == [] and await store.get_blobs([other]) == {}
+    # The same append with the blob under its own hash goes through.
+    await store.append("run-b", [finished("b")], NO_STREAM, blobs={digest: body})
+    assert await store.get_blobs([digest, other]) == {digest: body}
+
+
 @pytest.mark.parametrize("events", ["projected", "unprojected"])
 async def test_catch_up_reader_sees_every_event_once_in_order(database_url, events):
     # "unprojected": the writers' batches need no projection, so that on PostgreSQL each

@@ -48,12 +48,19 @@ def document(message: BaseMessage) -> dict[str, Any]:
 def random_message(rng: random.Random) -> BaseMessage:
     kind = rng.choice(["human", "system", "ai", "ai", "tool"])
     content = rng.choice(TEXTS) * rng.randint(1, 3)
+    named = {"name": rng.choice([None, "someone"]), "id": rng.choice([None, "run-1"])}
     if kind == "human":
-        return HumanMessage(content, name=rng.choice([None, "user-1"]))
+        return HumanMessage(content, **named)
     if kind == "system":
-        return SystemMessage(content)
+        return SystemMessage(content, additional_kwargs=rng.choice([{}, {"k": [1]}]))
     if kind == "tool":
-        return ToolMessage(content, tool_call_id=f"call-{rng.randint(0, 99)}")
+        return ToolMessage(
+            content,
+            tool_call_id=f"call-{rng.randint(0, 99)}",
+            status=rng.choice(["success", "error"]),
+            artifact=rng.choice([None, {"rows": [1, 2]}]),
+            **named,
+        )
     tool_calls = [
         {
             "name": rng.choice(["search", "calculator"]),
@@ -73,7 +80,10 @@ def random_message(rng: random.Random) -> BaseMessage:
         }
     elif rng.random() < 0.5:
         metadata["logprobs"] = None
-    return AIMessage(content, tool_calls=tool_calls, response_metadata=metadata)
+    usage = rng.choice([None, {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}])
+    return AIMessage(
+        content, tool_calls=tool_calls, response_metadata=metadata, usage_metadata=usage, **named
+    )
 
 
 def row_through_langchain(doc: dict[str, Any]) -> dict[str, Any]:
@@ -126,6 +136,13 @@ def test_documents_langchain_would_change_go_through_langchain():
         {"type": "ai", "data": {**ai["data"], "response_metadata": None}},
         only_in_kwargs,  # LangChain parses its tool calls from additional_kwargs
         {"type": "chat", "data": {"content": "x", "role": "critic"}},
+        # Fields LangChain refuses or coerces (a message changed after it was made, say):
+        {"type": "human", "data": {"content": "x", "name": 5}},
+        {"type": "human", "data": {"content": "x", "id": {"a": 1}}},
+        {"type": "system", "data": {"content": "x", "additional_kwargs": None}},
+        {"type": "ai", "data": {**ai["data"], "invalid_tool_calls": None}},
+        {"type": "ai", "data": {**ai["data"], "usage_metadata": {"x": 1}}},
+        {"type": "tool", "data": {"content": "x", "tool_call_id": "1", "status": "weird"}},
     ]
     assert StoredMessage.plain(ai)
     assert [StoredMessage.plain(doc) for doc in not_plain] == [False] * len(not_plain)

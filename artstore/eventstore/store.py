@@ -47,7 +47,7 @@ from artstore.errors import (
     WrongExpectedVersionError,
 )
 from artstore.events import Event, decode_event, encode_event
-from artstore.eventstore.blobs import EncodedJson, blob_row, read_blob_texts
+from artstore.eventstore.blobs import EncodedJson, blob_hash, blob_row, read_blob_texts
 from artstore.eventstore.database import Database, Writer, translate_error
 from artstore.eventstore.streams import events_of_streams, stream_heads
 from artstore.redaction import Redactor
@@ -251,6 +251,13 @@ class EventStore:
         rows = [_event_row(stream_id, event, self.redact) for event in new_events]
         if len({row["event_id"] for row in rows}) != len(rows):
             raise InvalidEventError("an append holds the same event id twice")
+        for digest, text in (blobs or {}).items():
+            # Content addressing holds only if every text is stored under its own hash.
+            if blob_hash(text) != digest:
+                raise InvalidEventError(
+                    f"blob {digest[:16]}...: its text's SHA-256 is {blob_hash(text)[:16]}...; "
+                    "a blob is stored under the SHA-256 of its text, nothing was written"
+                )
         self._ensure_writer()
         future: asyncio.Future[AppendResult] = self.loop.create_future()
         return _Append(stream_id, rows, expected_version, dict(blobs or {}), future, condition)

@@ -42,6 +42,7 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.engine import Connection
 
 from artstore.capture import exchanges as http_documents
@@ -157,21 +158,26 @@ class StoredMessage:
 
     @staticmethod
     def plain(document: Any) -> bool:
-        """Whether LangChain's validation leaves this document's row fields as they are:
-        a human, system, ai or tool message (no chunk) with text content, no fields its
-        class lacks, metadata a dict; an ai message's tool calls complete (name, dict
-        args, id) and nothing to derive them from; a tool message's call id text."""
+        """Whether LangChain reads this document back as a message, with its row fields
+        as they are: a human, system, ai or tool message (no chunk) with text content;
+        every field one of its class, of its type as is (pydantic's strict mode: nothing
+        to coerce); an ai message's tool calls complete (name, dict args, id) and nothing
+        to derive them from; a tool message's call id text."""
         if not isinstance(document, dict) or not isinstance(data := document.get("data"), dict):
             return False
         kind = document.get("type")
         fields = _PLAIN_FIELDS.get(kind)  # type: ignore[arg-type]
         if (
             fields is None
-            or not data.keys() <= fields
+            or not data.keys() <= fields.keys()
             or data.get("type", kind) != kind
             or not isinstance(data.get("content"), str)
-            or not isinstance(data.get("response_metadata", {}), dict)
         ):
+            return False
+        try:
+            for name, value in data.items():
+                fields[name].validate_python(value, strict=True)
+        except ValidationError:
             return False
         if kind == "tool":
             return isinstance(data.get("tool_call_id"), str)
@@ -187,9 +193,10 @@ class StoredMessage:
         )
 
 
-# The fields of each message class a plain document may have (LangChain's own list).
-_PLAIN_FIELDS: dict[str, frozenset[str]] = {
-    kind: frozenset(cls.model_fields)
+# The fields of each message class a plain document may have (LangChain's own list),
+# each with a validator of its type.
+_PLAIN_FIELDS: dict[str, dict[str, TypeAdapter]] = {
+    kind: {name: TypeAdapter(field.annotation) for name, field in cls.model_fields.items()}
     for kind, cls in (
         ("human", HumanMessage),
         ("system", SystemMessage),
