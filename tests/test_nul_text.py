@@ -1,4 +1,5 @@
-"""Any Unicode text, NUL included, is stored and read back exactly, on both databases.
+"""Any Unicode text, NUL and lone surrogates included, is stored and read back exactly,
+on both databases.
 
 PostgreSQL's `text` cannot hold NUL and `jsonb` refuses the escape \\u0000: artstore keeps
 every JSON document as `json` (text exactly as written), so the event log and the blobs
@@ -100,3 +101,26 @@ async def test_a_stream_id_with_nul_is_refused_alone(store):
         await store.append(f"run-{NUL}", [RunFinished(run="x")])
     await store.append("run-fine", [RunFinished(run="x")])
     assert len(await store.read_all()) == 1
+
+
+async def test_a_lone_surrogate_in_a_message_is_stored_and_read_back_exactly(store):
+    """A tool that lists files gives names decoded with surrogateescape: text that UTF-8
+    cannot hold. The call is recorded, its messages read back exactly; the projection's
+    text columns show U+FFFD in its place, as for NUL."""
+    name = b"report-\xff.txt".decode("utf-8", "surrogateescape")
+    asked = answer("", tool_calls=[{"id": "c1", "name": "ls", "args": {"path": name}}])
+    tool = ToolMessage(f"found {name}", tool_call_id="c1")
+    user = HumanMessage(f"open {name}")
+    async with store.rollout("agent", rollout_id="odd") as rollout:
+        rollout.record_llm_call([user], asked)
+        rollout.record_llm_call([user, asked, tool], answer("done."))
+    trajectory = await store.trajectory("odd")
+    messages = trajectory.messages_and_choices
+    assert messages[0]["content"] == f"open {name}"
+    call = messages[1].message.tool_calls[0]
+    assert json.loads(call.function.arguments) == {"path": name}
+    assert messages[2]["content"] == f"found {name}"
+    rows = (await query(store, "SELECT role, content FROM v_trajectory_messages")).rows
+    assert ("tool", "found report-\ufffd.txt") in [tuple(row) for row in rows]
+    for view in ("v_llm_calls", "v_tool_calls", "v_rollouts"):  # the views read it
+        assert (await query(store, f"SELECT * FROM {view}")).rows, view

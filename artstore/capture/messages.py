@@ -71,8 +71,15 @@ def dump_message(message: BaseMessage) -> str:
     Keys keep their order, floats are kept whole (non-finite ones as `-Infinity`,
     `Infinity`, `NaN`), and objects that are not JSON become their `repr`.
     """
-    data = _serializer(type(message)).to_json(message, warnings=False, fallback=_fallback)
-    return f'{{"type":{json.dumps(message.type)},"data":{data.decode()}}}'
+    serializer = _serializer(type(message))
+    try:
+        data = serializer.to_json(message, warnings=False, fallback=_fallback).decode()
+    except pydantic_core.PydanticSerializationError:
+        # A lone surrogate (a file name decoded with surrogateescape, say), which UTF-8
+        # cannot hold: the same document, written by `json` with \u escapes.
+        document = serializer.to_python(message, mode="json", warnings=False, fallback=_fallback)
+        data = json.dumps(document, separators=(",", ":"))
+    return f'{{"type":{json.dumps(message.type)},"data":{data}}}'
 
 
 def dump_model(model: BaseModel) -> bytes:

@@ -52,16 +52,17 @@ BULK_TYPES = frozenset(
     e.type for e in (RolloutStarted, LLMCall, RolloutFinished, RewardsRecorded, GroupSealed)
 )
 
-# PostgreSQL's json functions cannot read a text holding NUL (\u0000): `tool_calls` ->>
-# 'name' would fail for the whole view. The JSON the views take apart (tool calls, train
-# metrics) is projected with NUL as U+FFFD, as text columns are (`ProjectedText`); the
-# events keep it, and so do the JSON columns the views only pass through.
+# PostgreSQL's json functions cannot read a text holding NUL (\u0000) or a lone surrogate
+# (\udcff): `tool_calls` ->> 'name' would fail for the whole view. The JSON the views take
+# apart (tool calls, train metrics) is projected with those as U+FFFD, as text columns are
+# (`ProjectedText`); the events keep them, and so do the JSON columns the views only pass
+# through.
 
 
 def without_nul(value: Any) -> Any:
-    """`value` (JSON) with NUL replaced in every string, keys included."""
+    """`value` (JSON) with NUL and lone surrogates replaced in every string, keys included."""
     if isinstance(value, str):
-        return value.replace("\x00", t.REPLACEMENT_CHARACTER) if "\x00" in value else value
+        return t.storable_text(value)
     if isinstance(value, list):
         return [without_nul(item) for item in value]
     if isinstance(value, dict):

@@ -16,6 +16,7 @@ Two kinds of table:
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 
 from sqlalchemy import (
@@ -70,23 +71,31 @@ class Timestamp(TypeDecorator):
 
 
 REPLACEMENT_CHARACTER = "\ufffd"
+# What neither database's text can hold: NUL (PostgreSQL) and lone surrogates (UTF-8).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(value: str) -> str:
+    """`value` with NUL and lone surrogates replaced by U+FFFD."""
+    if value.isascii():  # a flag of the string: no scan
+        return value.replace("\x00", REPLACEMENT_CHARACTER) if "\x00" in value else value
+    return _UNSTORABLE.sub(REPLACEMENT_CHARACTER, value)
 
 
 class ProjectedText(TypeDecorator):
-    """Text of a projection table: a NUL character becomes U+FFFD.
+    """Text of a projection table: a NUL character or a lone surrogate becomes U+FFFD.
 
-    PostgreSQL's text cannot hold NUL; the event log keeps it (escaped in JSON), and the
-    projections, rebuilt from the log at will, show U+FFFD in its place on both
-    databases, so that the views agree.
+    PostgreSQL's text cannot hold NUL, and neither database's UTF-8 text a lone surrogate
+    (a file name decoded with surrogateescape, say); the event log keeps both (escaped in
+    JSON), and the projections, rebuilt from the log at will, show U+FFFD in their place
+    on both databases, so that the views agree.
     """
 
     impl = String
     cache_ok = True
 
     def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
-        if isinstance(value, str) and "\x00" in value:
-            return value.replace("\x00", REPLACEMENT_CHARACTER)
-        return value
+        return storable_text(value) if isinstance(value, str) else value
 
 
 class ProjectedLongText(ProjectedText):
