@@ -243,6 +243,9 @@ async def test_a_blob_under_another_hash_than_its_texts_is_refused_with_its_appe
         await store.append("run-b", [finished("b")], NO_STREAM, blobs={other: body})
     assert "\n" not in str(refused.value)
     assert await store.read_all() == [] and await store.get_blobs([other]) == {}
+    for unusable in ('"\udcff"', b"{}"):  # a str UTF-8 cannot hold, bytes: as clear
+        with pytest.raises(InvalidEventError, match="a str that UTF-8 can hold"):
+            await store.append("run-b", [finished("b")], NO_STREAM, blobs={other: unusable})
     # The same append with the blob under its own hash goes through.
     await store.append("run-b", [finished("b")], NO_STREAM, blobs={digest: body})
     assert await store.get_blobs([digest, other]) == {digest: body}

@@ -124,3 +124,29 @@ async def test_a_lone_surrogate_in_a_message_is_stored_and_read_back_exactly(sto
     assert ("tool", "found report-\ufffd.txt") in [tuple(row) for row in rows]
     for view in ("v_llm_calls", "v_tool_calls", "v_rollouts"):  # the views read it
         assert (await query(store, f"SELECT * FROM {view}")).rows, view
+
+    # The viewer's page of the trajectory: UTF-8 cannot hold the surrogate, U+FFFD shows.
+    import httpx
+
+    from artstore.viewer.server import BackgroundViewer
+
+    with BackgroundViewer(str(store.database.url)) as viewer:
+        async with httpx.AsyncClient(base_url=viewer.address) as client:
+            page = await client.get("/trajectories/odd")
+    assert page.status_code == 200 and "found report-\ufffd.txt" in page.text
+
+
+def test_a_message_with_a_lone_surrogate_is_written_as_other_messages_are():
+    """Its text is UTF-8 but for the surrogate's escape: it reads back as the same message,
+    and redaction finds a secret in it, non-ASCII ones too."""
+    from artstore.capture import messages as lc
+    from artstore.redaction import Redactor
+
+    secret = "pässwört-geheim-42"
+    odd = HumanMessage(f"odd \udcff, key {secret}")
+    text = lc.dump_message(odd)
+    assert "\\udcff" in text and "pässwört" in text
+    assert lc.load_message(text) == odd
+    assert secret not in Redactor([secret])(text)
+    plain = lc.dump_message(HumanMessage(f"plain, key {secret}"))
+    assert json.loads(text)["data"].keys() == json.loads(plain)["data"].keys()

@@ -71,25 +71,32 @@ def dump_message(message: BaseMessage) -> str:
     Keys keep their order, floats are kept whole (non-finite ones as `-Infinity`,
     `Infinity`, `NaN`), and objects that are not JSON become their `repr`.
     """
-    serializer = _serializer(type(message))
-    try:
-        data = serializer.to_json(message, warnings=False, fallback=_fallback).decode()
-    except pydantic_core.PydanticSerializationError:
-        # A lone surrogate (a file name decoded with surrogateescape, say), which UTF-8
-        # cannot hold: the same document, written by `json` with \u escapes.
-        document = serializer.to_python(message, mode="json", warnings=False, fallback=_fallback)
-        data = json.dumps(document, separators=(",", ":"))
+    data = dump_model(message).decode()
     return f'{{"type":{json.dumps(message.type)},"data":{data}}}'
 
 
 def dump_model(model: BaseModel) -> bytes:
     """A pydantic model (an ART `Trajectory`, say) as JSON, non-finite floats kept whole."""
-    return _serializer(type(model)).to_json(model, warnings=False, fallback=_fallback)
+    serializer = _serializer(type(model))
+    try:
+        return serializer.to_json(model, warnings=False, fallback=_fallback)
+    except pydantic_core.PydanticSerializationError:
+        # A lone surrogate (a file name decoded with surrogateescape, say), which UTF-8
+        # cannot hold: the same document written by `json`, other text as it is (so that
+        # redaction finds a secret in it as in any other text), surrogates as \u escapes.
+        document = serializer.to_python(model, mode="json", warnings=False, fallback=_fallback)
+        written = json.dumps(document, separators=(",", ":"), ensure_ascii=False)
+        # Only JSON strings hold surrogates, where Python's \\udcff is JSON's escape too.
+        return written.encode("utf-8", "backslashreplace")
 
 
 def load_message(body: str | bytes) -> BaseMessage:
     """The message a `dump_message` text describes."""
-    (message,) = messages_from_dict([pydantic_core.from_json(body)])
+    try:
+        document = pydantic_core.from_json(body)
+    except ValueError:  # a lone surrogate's escape, which only Python's json reads
+        document = json.loads(body)
+    (message,) = messages_from_dict([document])
     return message
 
 

@@ -252,12 +252,7 @@ class EventStore:
         if len({row["event_id"] for row in rows}) != len(rows):
             raise InvalidEventError("an append holds the same event id twice")
         for digest, text in (blobs or {}).items():
-            # Content addressing holds only if every text is stored under its own hash.
-            if blob_hash(text) != digest:
-                raise InvalidEventError(
-                    f"blob {digest[:16]}...: its text's SHA-256 is {blob_hash(text)[:16]}...; "
-                    "a blob is stored under the SHA-256 of its text, nothing was written"
-                )
+            _check_blob(digest, text)
         self._ensure_writer()
         future: asyncio.Future[AppendResult] = self.loop.create_future()
         return _Append(stream_id, rows, expected_version, dict(blobs or {}), future, condition)
@@ -772,6 +767,22 @@ def follows(stream_id: str, version: int, event_id: str) -> Callable[[Connection
             )
 
     return condition
+
+
+def _check_blob(digest: Any, text: Any) -> None:
+    """Content addressing holds only if every text is stored under its own hash."""
+    try:
+        actual = blob_hash(text)
+    except (AttributeError, UnicodeEncodeError) as exc:
+        raise InvalidEventError(
+            f"blob {str(digest)[:16]}...: its text must be a str that UTF-8 can hold "
+            f"({type(exc).__name__}); nothing was written"
+        ) from None
+    if actual != digest:
+        raise InvalidEventError(
+            f"blob {str(digest)[:16]}...: its text's SHA-256 is {actual[:16]}...; a blob is "
+            "stored under the SHA-256 of its text, nothing was written"
+        )
 
 
 def _hand_back(

@@ -176,7 +176,9 @@ class StoredMessage:
             return False
         try:
             for name, value in data.items():
-                fields[name].validate_python(value, strict=True)
+                adapter, default = fields[name]
+                if type(value) is not type(default) or value != default:  # defaults are valid
+                    adapter.validate_python(value, strict=True)
         except ValidationError:
             return False
         if kind == "tool":
@@ -194,9 +196,12 @@ class StoredMessage:
 
 
 # The fields of each message class a plain document may have (LangChain's own list),
-# each with a validator of its type.
-_PLAIN_FIELDS: dict[str, dict[str, TypeAdapter]] = {
-    kind: {name: TypeAdapter(field.annotation) for name, field in cls.model_fields.items()}
+# each with a validator of its type and its default value.
+_PLAIN_FIELDS: dict[str, dict[str, tuple[TypeAdapter, Any]]] = {
+    kind: {
+        name: (TypeAdapter(field.annotation), field.get_default(call_default_factory=True))
+        for name, field in cls.model_fields.items()
+    }
     for kind, cls in (
         ("human", HumanMessage),
         ("system", SystemMessage),

@@ -39,7 +39,10 @@ class JSONResponse(_JSONResponse):
     """JSON with the store's values as they are (PostgreSQL's Decimals as numbers)."""
 
     def render(self, content: Any) -> bytes:
-        return dumps(content, ensure_ascii=False, allow_nan=False).encode()
+        # A lone surrogate (which UTF-8 cannot hold) only in a string: written as its escape.
+        return dumps(content, ensure_ascii=False, allow_nan=False).encode(
+            "utf-8", "backslashreplace"
+        )
 
 
 def _store(request: Request) -> Any:

@@ -9,6 +9,9 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import jinja2
+from markupsafe import Markup
+
+from artstore.schema.tables import storable_text
 
 
 def run_href(run: str) -> str:
@@ -89,6 +92,15 @@ def dumps(value: Any, **kwargs: Any) -> str:
     return json.dumps(value, default=json_default, **kwargs)
 
 
+def _shown(value: Any) -> Any:
+    """What a page shows of a value: a lone surrogate (a file name decoded with
+    surrogateescape, say), which no UTF-8 page can hold, shows as U+FFFD; NUL too."""
+    if isinstance(value, str) and not value.isascii():
+        shown = storable_text(value)
+        return Markup(shown) if isinstance(value, Markup) else shown
+    return value
+
+
 def environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("artstore.viewer", "templates"),
@@ -96,6 +108,7 @@ def environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_shown,
     )
     env.policies["json.dumps_function"] = dumps
     env.policies["json.dumps_kwargs"] = {"sort_keys": False}
