@@ -271,25 +271,23 @@ async def test_a_compact_body_that_does_not_read_back_as_its_text_is_refused(sto
         await store.get_blobs([row["hash"]])
 
 
-async def test_a_text_at_hand_is_read_from_memory_only_where_it_hashes_to_its_key(store):
-    """What an append's projection gets for the blobs the append itself carried."""
+async def test_texts_at_hand_are_read_from_memory_and_the_rest_from_the_table(store):
+    """What an append's projection gets for the blobs the append itself carried (each
+    checked to hash to its key when the append was queued: tests/test_eventstore.py)."""
     entries = [{"token": "b", "logprob": -0.25, "bytes": [98], "top_logprobs": []}] * 40
     stored = blob_json({"logprobs": {"content": entries}})
-    other = blob_json({"logprobs": {"content": entries[:-1]}})
     in_memory = blob_json({"role": "user", "content": "only in memory"})
     await store.append(
         "run-m", [RunFinished(run="m")], NO_STREAM, blobs={blob_hash(stored): stored}
     )
-    at_hand = {
-        blob_hash(stored): other,  # not its text: the stored blob is read instead
-        blob_hash(in_memory): in_memory,  # its text, not stored: read from memory
-        "0" * 64: in_memory,  # not its hash, not stored: left out
-    }
+    at_hand = {blob_hash(in_memory): in_memory}
+    wanted = [blob_hash(stored), blob_hash(in_memory), "0" * 64]  # the last: nowhere
     async with store.database.read() as connection:
-        found = await connection.run_sync(read_stored_blobs, [*at_hand], at_hand)
+        found = await connection.run_sync(read_stored_blobs, wanted, at_hand)
     assert {digest: blob.text() for digest, blob in found.items()} == {
         blob_hash(stored): stored,
         blob_hash(in_memory): in_memory,
     }
     assert found[blob_hash(stored)].codec == CODEC  # the row, as stored
+    assert found[blob_hash(in_memory)].codec is None  # the text, from memory
     assert found[blob_hash(in_memory)].document() == {"role": "user", "content": "only in memory"}

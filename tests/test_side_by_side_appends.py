@@ -113,12 +113,14 @@ async def test_rollouts_from_many_processes_project_as_a_rebuild_does(database_u
 
 
 def held_store(url: str, rollout_id: str) -> Store:
-    """A store whose projection of `rollout_id`'s start sleeps inside its transaction."""
+    """A store whose projection of `rollout_id`'s start sleeps inside its transaction:
+    long enough that the appends a test makes meanwhile end first on a loaded machine
+    (1.5 s was not, once, with other tests running on both cores)."""
 
     def projector(connection, recorded, blobs) -> None:
         project(connection, recorded, blobs)
         if any(e.data.get("rollout_id") == rollout_id for e in recorded):
-            connection.execute(text("SELECT pg_sleep(1.5) -- held by the test"))
+            connection.execute(text("SELECT pg_sleep(4) -- held by the test"))
 
     types = projected_types()
     return Store(

@@ -151,15 +151,16 @@ def read_stored_blobs(
 ) -> dict[str, StoredBlob]:
     """The blobs stored under `hashes`, as stored (hashes not stored are left out).
 
-    `at_hand`: texts by hash that the caller holds already (the blobs an append's own
-    transaction stores, given to its projection): one whose SHA-256 is its hash is the
-    blob's text, read from memory instead of the database; any other is not used.
+    `at_hand`: texts by hash that the caller holds already, each known to hash to its
+    key (the blobs of an append's own transaction, given to its projection: an append is
+    refused unless every blob's SHA-256 is its key), read from memory instead of the
+    database.
     """
     found: dict[str, StoredBlob] = {}
     wanted = []
     for digest in dict.fromkeys(hashes):
         text = at_hand.get(digest) if at_hand else None
-        if text is not None and blob_hash(text) == digest:
+        if text is not None:
             found[digest] = StoredBlob(digest, text, None)
         else:
             wanted.append(digest)

@@ -260,8 +260,8 @@ class BulkProjection:
     # all the event log holds of them (an append's transaction; not a page of a rebuild):
     # their messages are built from these instead of reading the payloads back.
     calls_at_hand: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    # The blob texts the batch's appends carried, by hash: the messages' blobs are mostly
-    # among them (`read_stored_blobs` uses one only where it hashes to its key).
+    # The blob texts the batch's appends carried, by hash (each checked to hash to its
+    # key when its append was queued): the messages' blobs are mostly among them.
     blobs_at_hand: Mapping[str, str] = field(default_factory=dict)
     known_runs: set[str] = field(default_factory=set)
     new_rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)
