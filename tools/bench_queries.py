@@ -304,7 +304,12 @@ own queued plan during `canonical_json` (see the third pass). Same run, alternat
 trees, SQLite, Python 3.11: before 8,127 / 8,101 events/s (4.61x / 4.65x), after 9,121 /
 8,329 (5.14x / 4.82x). Full runs after: Python 3.11 SQLite 8,554 vs 1,725 (4.96x, MISS),
 PostgreSQL 5,772 vs 782 (7.38x); Python 3.13 SQLite 9,130 vs 1,623 (5.62x), PostgreSQL
-5,952 vs 758 (7.85x). Tried and left out: keeping only the JSON text of queued payloads
+5,952 vs 758 (7.85x). Then checks that cost ~3-5%: a plain document's fields are
+validated by their types (strict mode), and every blob an append carries is hashed and
+refused unless its SHA-256 is its key (the projection then trusts the batch's texts).
+With them, same day: Python 3.11 SQLite 7,773 / 7,420 vs 1,548 / 1,490 (5.02x / 4.98x,
+two runs), PostgreSQL 5,158 vs 691 (7.47x); Python 3.13 SQLite 8,233 vs 1,505 (5.47x),
+PostgreSQL 5,490 vs 680 (8.07x). Tried and left out: keeping only the JSON text of queued payloads
 (parsing it again in the writer) saves ~3%, but the projection then sees payload keys in
 canonical order, not the order the caller gave (a reward table's row order follows a
 `rewards` dict's order); that is what a rebuild sees, and should be decided on its own.
