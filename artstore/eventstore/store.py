@@ -185,7 +185,8 @@ class EventStore:
 
         `expected_version` is the stream's version the caller last saw (NO_STREAM for a new
         stream, ANY to skip the check); a mismatch raises WrongExpectedVersionError and
-        writes nothing. `blobs` maps content hashes to JSON bodies stored in the same
+        writes nothing. `blobs` maps content hashes (`blob_hash(body)`, the SHA-256 of the
+        body; anything else refuses the append) to JSON bodies stored in the same
         transaction (each once, ever). Retrying with the same event objects writes
         nothing twice. `condition(connection)`, when given, runs in the appending
         transaction before the events are written; an exception it raises refuses the
