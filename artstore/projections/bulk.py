@@ -59,19 +59,19 @@ BULK_TYPES = frozenset(
 # through.
 
 
-def without_nul(value: Any) -> Any:
+def storable_json(value: Any) -> Any:
     """`value` (JSON) with NUL and lone surrogates replaced in every string, keys included."""
     if isinstance(value, str):
         return t.storable_text(value)
     if isinstance(value, list):
-        return [without_nul(item) for item in value]
+        return [storable_json(item) for item in value]
     if isinstance(value, dict):
-        return {without_nul(key): without_nul(item) for key, item in value.items()}
+        return {storable_json(key): storable_json(item) for key, item in value.items()}
     return value
 
 
-def nul_free_tool_calls(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**row, "tool_calls": without_nul(row.get("tool_calls"))} for row in rows]
+def storable_tool_calls(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**row, "tool_calls": storable_json(row.get("tool_calls"))} for row in rows]
 
 
 def implicit_run(c: Connection, run: str | None, model: str | None, at: Any) -> None:
@@ -355,7 +355,7 @@ class BulkProjection:
             "latency_s": e.latency_s,
             "finish_reason": e.finish_reason,
             "num_input_messages": len(e.input),
-            "tool_calls": without_nul(
+            "tool_calls": storable_json(
                 [{"name": tc["name"], "args": tc.get("args")} for tc in e.tool_calls]
             )
             or None,
@@ -541,7 +541,7 @@ class BulkProjection:
                 conversations = stored.rollout(rollout_id, for_rows=True).conversations()
                 rows += message_rows(rollout_id, conversations)
         if rows:
-            execute_many(c, _INSERT_MESSAGES, nul_free_tool_calls(rows))
+            execute_many(c, _INSERT_MESSAGES, storable_tool_calls(rows))
 
 
 def _recorded_trajectories(c: Connection, rollout_ids: list[str]) -> dict[str, Any]:

@@ -35,8 +35,8 @@ from artstore.projections.bulk import (
     BULK_TYPES,
     BulkProjection,
     implicit_run,
-    nul_free_tool_calls,
-    without_nul,
+    storable_json,
+    storable_tool_calls,
 )
 from artstore.projections.imported import blob_hashes, imported_message_rows, load_bodies
 from artstore.schema import tables as t
@@ -237,7 +237,7 @@ def _train_step_completed(c: Connection, e: TrainStepCompleted, r: RecordedEvent
     values = {
         "step": e.step,
         "status": "completed",
-        "metrics": without_nul(e.metrics),
+        "metrics": storable_json(e.metrics),
         "checkpoint": e.checkpoint,
         "reconciled": e.reconciled,
         "finished_at": r.recorded_at,
@@ -344,4 +344,4 @@ def _trajectory_imported(c: Connection, e: TrajectoryImported, r: RecordedEvent)
     ).scalar()
     rows = imported_message_rows(e, load_bodies(c, blob_hashes([e])))
     if rows and status == "finished":
-        c.execute(t.trajectory_messages.insert(), nul_free_tool_calls(rows))
+        c.execute(t.trajectory_messages.insert(), storable_tool_calls(rows))

@@ -190,7 +190,6 @@ class StoredMessage:
             isinstance(calls, list)
             and all(_plain_tool_call(call) for call in calls)
             and not data.get("invalid_tool_calls")
-            and not data.get("tool_call_chunks")
             and (bool(calls) or not (data.get("additional_kwargs") or {}).get("tool_calls"))
         )
 
