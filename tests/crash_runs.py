@@ -85,7 +85,7 @@ async def run_until_finished(
             break
         log = (workdir / f"log-{number}.txt").read_text()
         assert code == -9, f"run {number} exited {code}, not by SIGKILL:\n{log}"
-        seen.append(await snapshot(store))
+        seen.append(await snapshot(store, workdir))
     fired = [(workdir / f"fired-{i}").read_text() for i in range(len(plan))]
     assert fired == plan, exit_codes  # every point fired, each exactly once, in order
     if check_exit_codes:
@@ -93,8 +93,13 @@ async def run_until_finished(
     return seen
 
 
-async def snapshot(store: artstore.Store) -> Snapshot:
-    """What the killed trainer left, once the database finished what it had sent."""
+async def snapshot(store: artstore.Store, workdir: Path) -> Snapshot:
+    """What the killed trainer left, once the database finished what it had sent.
+
+    Besides rollouts and groups: the train steps it left open (ids of `train_steps` rows),
+    split by whether the backend's checkpoints (under WORKDIR/art) show the step trained
+    ("trained_unrecorded": the next start must reconcile it) or not ("stopped_in_training":
+    the next start must record it failed and train its groups again)."""
     if store.dialect == "postgresql":
         # A COMMIT sent just before the kill still completes on the server, a moment later.
         busy = text(
@@ -111,6 +116,15 @@ async def snapshot(store: artstore.Store) -> Snapshot:
         if rollout.status in ("finished", "running"):
             found[rollout.status].add(rollout.rollout_id)
     found["sealed"] = {g.group_id for g in await rows(store, t.groups)}
+    found["trained_unrecorded"], found["stopped_in_training"] = set(), set()
+    backend_step = max(
+        (int(d.name) for d in workdir.glob("art/*/models/*/checkpoints/*") if d.name.isdigit()),
+        default=0,
+    )
+    for step in await rows(store, t.train_steps):
+        if step.status == "started":
+            trained = backend_step > step.step_before
+            found["trained_unrecorded" if trained else "stopped_in_training"].add(str(step.id))
     return found
 
 
