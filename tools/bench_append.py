@@ -171,6 +171,30 @@ JSON ~7, its row and event id ~5, the append's future and the event loop's turn 
 this machine the gap is mostly artstore's own layers rather than its table; nothing was
 changed for it in this pass.
 
+On 2026-12-02, a third machine of the same kind, slower again (eventsourcing's
+single-event commit took 180-210 us of CPU; load 0-2.5). cProfile of 20,000 events in
+batches of 100: the canonical JSON of a 2 KB payload (`json` with sorted keys and
+`ensure_ascii`) took 13.6 us per event, as long as the rest of artstore's Python
+together; orjson writes the same document with sorted keys in 3.7 us (a call's payload
+14 -> 3 us, a payload of 40 metrics 43 -> 6 us). Each event also got its own time stamp
+and its own conversion to SQLite's text (~5 us). In a lone append the driver's BEGIN
+IMMEDIATE and COMMIT cost ~10 us of CPU around the one INSERT, and the loop's turn that
+lets concurrent appenders queue ran even when nothing else was ready. Changed: payloads
+are written by orjson (`payload_json`: the standard encoder where orjson cannot say the
+same, a lone surrogate or a 65-bit int, and for NaN, which orjson would write as null);
+one time stamp per append; a single-event append on SQLite is one INSERT that commits by
+itself (SQLite takes the write lock when the statement starts, before it reads the
+highest position); no loop turn when asyncio's ready queue is empty. The same run
+before -> after (trees alternated, both databases, 3 rounds): SQLite sequential 0.74x ->
+0.79x (CPU 272 -> 240 us/event), batch100 0.72x -> 0.82x (81 -> 72 us), concurrent64
+2.68x -> 2.81x; PostgreSQL sequential 1.66x -> 1.36x (330 and 258 ev/s against 198 and
+190: this machine's PostgreSQL commits are slow and noisy). SQLite-only runs of the
+new code: batch100 1.13x and 0.98x, sequential 0.82x and 0.93x. What is left on this
+machine for a lone append: ~100 us of CPU in the driver's INSERT (as the raw peer's)
+and ~75-100 us of artstore's Python around it, which runs with caches the commit has
+just emptied (`_new_append` takes 12 us in a tight loop, ~38 us between commits, timed
+with `time.process_time` around it).
+
 Run it from the repository root:
 
     python tools/bench_append.py                      # both databases, about 1-3 minutes
