@@ -145,6 +145,32 @@ async def test_a_batch_with_one_invalid_event_writes_nothing(store):
     assert await count_events(store) == 2
 
 
+async def test_a_loop_of_lone_appends_lets_timers_and_other_tasks_run(store):
+    """A lone append may commit without giving the event loop a turn; a program that only
+    appends must still see its timers fire and its other tasks run."""
+    loop = asyncio.get_running_loop()
+    fired = asyncio.Event()
+    loop.call_later(0.002, fired.set)
+    ticks = 0
+
+    async def ticking() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.001)
+            ticks += 1
+
+    ticker = asyncio.create_task(ticking())
+    appended = 0
+    version = NO_STREAM
+    # Fewer than STATISTICS_EVERY_EVENTS: that refresh goes through the writer task, a turn.
+    while not (fired.is_set() and ticks >= 3) and appended < 5_000:
+        version = (await store.append("lone", [finished(str(appended))], version)).version
+        appended += 1
+    ticker.cancel()
+    assert fired.is_set() and ticks >= 3, appended
+    assert version == appended
+
+
 async def test_group_commit_takes_apart_a_batch_with_one_conflict(store):
     await store.append("run-c", [finished("c0")], NO_STREAM)
     appends = [store.append(f"run-{n}", [finished(str(n))], NO_STREAM) for n in range(63)]

@@ -320,7 +320,7 @@ class SQLiteWriter(Writer):
 
         SQLAlchemy's connection is between transactions here and is left so: whatever
         fails, the driver's transaction is rolled back before the error goes up."""
-        if len(rows) == 1:
+        if len(rows) == 1 and not _in_transaction(connection):
             # One INSERT that numbers its row is a transaction by itself (the driver is
             # in autocommit): SQLite takes the write lock when the statement starts,
             # before it reads the highest position. BEGIN and COMMIT of their own cost

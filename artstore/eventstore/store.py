@@ -66,6 +66,9 @@ STATISTICS_EVERY_EVENTS = 10_000
 # How often one append reads its stream's head again after other processes took the
 # version it was about to write (each time, another append to that stream committed).
 MAX_STREAM_RACES = 100
+# A lone append skips the event loop's turn when nothing else is ready to run, yet gives
+# the loop a turn at least this often: timers and sockets wait outside the ready queue.
+TURN_EVERY_S = 0.001
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,7 @@ class EventStore:
         self._appending = 0  # `append` calls not answered yet
         self._writing = False  # the writer task holds a batch
         self._commit_now = False  # set by `append` around its call of `append_nowait`
+        self._last_turn = 0.0  # when `append` last let the event loop take a turn
         self._events_since_statistics = 0
         # The last guard of invariant 7: every payload is checked for the secrets known
         # here (key-like environment variables, and the keys of the models in use) and
@@ -199,8 +203,13 @@ class EventStore:
                 # this one is then alone, append_nowait commits it here and now, without
                 # the two hops through the writer task; when not, the writer commits
                 # them together (group commit). With nothing else ready to run, the
-                # loop's turn would let nothing queue: skip it (~10 us per lone append).
-                if not _nothing_else_ready(asyncio.get_running_loop()):
+                # loop's turn would let nothing queue: skip it (~10 us per lone append),
+                # but not for longer than TURN_EVERY_S, so that timers and
+                # sockets of a program that only appends are still served.
+                loop = asyncio.get_running_loop()
+                now = loop.time()
+                if not _nothing_else_ready(loop) or now - self._last_turn > TURN_EVERY_S:
+                    self._last_turn = now
                     await asyncio.sleep(0)
                 self._commit_now = self._appending == 1
             try:
