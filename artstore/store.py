@@ -213,6 +213,8 @@ async def open_store(
     except BaseException:
         await database.dispose()
         raise
+    if read_only:  # it never appends: no projector (LangChain and the projections stay unloaded)
+        return Store(database)
     from artstore.projections import SideBySide, project, projected_types  # not for `--help`
 
     types = projected_types()
@@ -251,7 +253,7 @@ async def prepare_schema(database: Database, *, upgrade: bool, create: bool = Tr
         found = await connection.run_sync(migrate.check_revision, upgrade_allowed=upgrade)
         if found is None and not create:
             await connection.run_sync(migrate.check_readable, database.location)
-        if upgrade and found != migrate.head_revision():
+        if upgrade and found != migrate.HEAD_REVISION:
             await connection.run_sync(migrate.upgrade)
         return await connection.run_sync(migrate.current_revision)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -39,6 +40,41 @@ async def test_migrations_create_exactly_the_declared_tables(store):
     async with store.database.read() as connection:
         diff = await connection.run_sync(differences)
     assert diff == []
+
+
+def test_the_head_revision_in_code_is_the_newest_migration_script():
+    assert migrate.head_revision() == migrate.HEAD_REVISION
+
+
+def test_opening_a_current_store_imports_no_alembic_and_reading_it_no_projections(
+    database_url,
+):
+    """The revision of a current store is read with one SELECT (Alembic is for migrating),
+    and a store opened read-only has no projector to load (nor LangChain with it)."""
+
+    def loaded_after(opening: str) -> dict[str, list[str]]:
+        script = (
+            "import asyncio, json, sys\n"
+            "import artstore\n"
+            "async def main():\n"
+            f"    async with await artstore.open_store({database_url!r}{opening}) as store:\n"
+            "        assert await store.read_all() is not None\n"
+            "asyncio.run(main())\n"
+            "heavy = ('alembic', 'langchain_core', 'artstore.projections')\n"
+            "print(json.dumps({h: [m for m in sys.modules if m.startswith(h)] for h in heavy}))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    first = loaded_after("")
+    assert first["alembic"] and first["artstore.projections"]  # it migrated the empty database
+    again = loaded_after("")
+    assert again["alembic"] == [] and again["artstore.projections"]
+    reading = loaded_after(", read_only=True")
+    assert reading == {"alembic": [], "langchain_core": [], "artstore.projections": []}
 
 
 def test_db_upgrade_and_current(database_url):
