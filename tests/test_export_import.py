@@ -842,12 +842,10 @@ async def test_exchanges_are_kept_whole_and_refused_only_where_art_cannot_hold_t
     bodies = await store.get_blobs(e.exchanges for e in events)
     by_hash = {digest: json.loads(body) for digest, body in bodies.items()}
     assert [by_hash[e.exchanges] for e in events] == in_file
-    assert await rows(
-        store, select(t.rewards.c.scorer, t.rewards.c.reward).order_by(t.rewards.c.id)
-    ) == [
-        ("imported", 1.0),
-        ("imported", 0.0),
-    ]
+    rewards = await rows(store, select(t.rewards.c["rollout_id", "scorer", "reward"]))
+    by_rollout = {rollout_id: (scorer, reward) for rollout_id, scorer, reward in rewards}
+    assert len(rewards) == 2
+    assert [by_rollout[rid] for rid in ids] == [("imported", 1.0), ("imported", 0.0)]
 
     if has_exchanges():
         stored = await store.trajectories(ids, scorer="imported")

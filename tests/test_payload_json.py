@@ -14,7 +14,7 @@ import pytest
 
 from artstore.errors import InvalidEventError
 from artstore.events import Event, event_type
-from artstore.eventstore.blobs import canonical_json, payload_json
+from artstore.eventstore.blobs import canonical_json, load_payload, payload_json
 
 
 @event_type("test.payload_document")
@@ -64,6 +64,19 @@ def test_the_text_holds_the_canonical_document_with_sorted_keys():
         assert json.loads(text) == json.loads(canonical_json(document)) == document
         # Keys come out sorted at every level, as they do from canonical_json.
         assert json.loads(text, object_pairs_hook=_sorted_pairs) is not None
+
+
+def test_the_document_read_back_from_the_text_is_the_one_encoded():
+    """What the projector reads: every value as encoded (a 65-bit integer stays an int, a
+    lone surrogate stays a surrogate, a float keeps its bits), keys sorted as stored."""
+    rng = random.Random(17)
+    documents = [{"value": random_document(rng)} for _ in range(2000)]
+    documents += [{"big": 2**70 + 1, "small": -(2**64) - 1}, {"s": "\udc80 lone"}]
+    for document in documents:
+        read = load_payload(payload_json(document))
+        assert json.dumps(read) == json.dumps(document, sort_keys=True)  # bits and order
+        assert read == document
+    assert type(load_payload(payload_json({"big": 2**70 + 1}))["big"]) is int
 
 
 def _sorted_pairs(pairs: list[tuple[str, object]]) -> dict:

@@ -408,7 +408,7 @@ def _insert_parameters(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
         "stream_ids": [row["stream_id"] for row in rows],
         "versions": [row["version"] for row in rows],
         "types": [row["type"] for row in rows],
-        "data": [serialize(row["data"]) for row in rows],
+        "data": [row["data"] for row in rows],  # the payloads' JSON texts
         "recorded_at": [row["recorded_at"] for row in rows],
     }
 

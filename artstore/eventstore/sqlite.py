@@ -21,22 +21,20 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 from sqlalchemy import Table, event, select
-from sqlalchemy.engine import URL, Connection, Dialect, Engine, create_engine
+from sqlalchemy.engine import URL, Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
 from artstore.errors import NotFoundError
-from artstore.eventstore.blobs import EncodedJson, serialize
+from artstore.eventstore.blobs import serialize
 from artstore.eventstore.database import Database, Writer, translate_error
-from artstore.schema.tables import events
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
 # A write transaction of at most this many events runs on the event loop's thread when
@@ -64,7 +62,6 @@ class SQLiteDatabase(Database):
         self.writer_engine = writer_engine
         # Connections for user queries (analysis.sql), opened read-only on first use.
         self._query_engine: AsyncEngine | None = None
-        self._event_binders: _EventBinders | None = None
 
     @classmethod
     def connect(cls, url: URL, *, read_only: bool = False) -> SQLiteDatabase:
@@ -145,25 +142,21 @@ class SQLiteDatabase(Database):
         # itself, after the highest position ever handed out, in the order given: one
         # plain executemany on the driver's connection, without RETURNING (SQLAlchemy
         # would send it row by row) and without SQLAlchemy's statement machinery, which
-        # cost more than SQLite's work for a single event. Values go through the columns'
-        # own bind processors, so they are stored exactly as SQLAlchemy stores them.
+        # cost more than SQLite's work for a single event. The payloads are the JSON texts the
+        # append encoded (`payload_json`), stored as they are.
         # A client that leaves the position to SQLite gets the highest rowid plus one:
         # after ours. The table has no AUTOINCREMENT (migration 0011: one page less per
         # commit): it only kept a position from being handed out again after the highest
         # event was deleted, which the triggers refuse, and positions of a transaction
         # that rolled back were never seen by a reader.
-        if self._event_binders is None:
-            self._event_binders = _event_binders(connection.dialect)
-        data = self._event_binders.data
         values = []
         last_time, stamp = None, ""
         for row in rows:
             if row["recorded_at"] is not last_time:  # an append's events share one time
                 last_time = row["recorded_at"]
                 stamp = sqlite_timestamp(last_time)
-            encoded = row["data"] if type(row["data"]) is EncodedJson else data(row["data"])
             values.append(
-                (row["event_id"], row["stream_id"], row["version"], row["type"], encoded, stamp)
+                (row["event_id"], row["stream_id"], row["version"], row["type"], row["data"], stamp)
             )
         if len(values) == 1:  # numbered by the INSERT itself: one statement less
             return [_on_driver(connection, _INSERT_NEXT_EVENT, values[0]).lastrowid]
@@ -461,17 +454,6 @@ def _on_driver(
         return raw.execute(statement, parameters)  # type: ignore[union-attr]
     except sqlite3.Error as exc:
         raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
-
-
-@dataclass(frozen=True)
-class _EventBinders:
-    data: Callable[[Any], Any]
-
-
-def _event_binders(dialect: Dialect) -> _EventBinders:
-    """The bind processor of the JSON column, for a payload not encoded yet."""
-    processor = events.c["data"].type._cached_bind_processor(dialect)
-    return _EventBinders(processor or (lambda value: value))
 
 
 def sqlite_timestamp(value: datetime) -> str:

@@ -47,7 +47,13 @@ from artstore.errors import (
     WrongExpectedVersionError,
 )
 from artstore.events import Event, decode_event, encode_event
-from artstore.eventstore.blobs import EncodedJson, blob_hash, blob_row, read_blob_texts
+from artstore.eventstore.blobs import (
+    blob_hash,
+    blob_row,
+    load_payload,
+    payload_json,
+    read_blob_texts,
+)
 from artstore.eventstore.database import Database, Writer, translate_error
 from artstore.eventstore.streams import events_of_streams, stream_heads
 from artstore.redaction import Redactor
@@ -749,12 +755,12 @@ def _event_row(
 ) -> dict[str, Any]:
     type_name, data = encode_event(event)
     try:
-        encoded = EncodedJson.of(data)  # refuse NaN and anything else that is not JSON, now
+        encoded = payload_json(data)  # refuse NaN and anything else that is not JSON, now
     except (TypeError, ValueError) as exc:
         raise InvalidEventError(f"{type_name!r} event is not valid JSON: {exc}") from None
     redacted = redact(encoded)
     if redacted != encoded:  # a secret in the payload: store the redacted document
-        encoded = EncodedJson.of(json.loads(redacted))
+        encoded = payload_json(json.loads(redacted))
     return {
         "event_id": event.event_id,
         "stream_id": stream_id,
@@ -831,7 +837,7 @@ def _recorded(rows: list[dict[str, Any]], positions: list[int]) -> list[Recorded
             stream_id=row["stream_id"],
             version=row["version"],
             type=row["type"],
-            data=row["data"].document,
+            data=load_payload(row["data"]),
             recorded_at=row["recorded_at"],
         )
         for row, position in zip(rows, positions, strict=True)

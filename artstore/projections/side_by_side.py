@@ -29,6 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from artstore.events import LLMCall, RolloutFailed, RolloutFinished, RolloutStarted
+from artstore.eventstore.blobs import load_payload
 from artstore.schema import tables as t
 
 # Event types whose projection writes only rows of the rollout whose stream holds them.
@@ -61,7 +62,7 @@ class SideBySide:
                 return False
             if not row["stream_id"].startswith("rollout-"):
                 return False  # its rollout is named by its stream (llm.call)
-            data = row["data"].document
+            data = load_payload(row["data"])
             own_stream = f"rollout-{data.get('rollout_id')}"
             if kind in _NAMING_THEIR_ROLLOUT and row["stream_id"] != own_stream:
                 return False  # written outside the rollout's own stream
