@@ -195,6 +195,23 @@ and ~75-100 us of artstore's Python around it, which runs with caches the commit
 just emptied (`_new_append` takes 12 us in a tight loop, ~38 us between commits, timed
 with `time.process_time` around it).
 
+On 2026-12-02, evening, a fourth machine of the kind (2 cores, otherwise idle, load ~1;
+eventsourcing's single-event commit 86 us of CPU). At the start of the session: SQLite
+sequential 7,837 vs 9,409 ev/s (0.83x; CPU 100 vs 88 us), batch100 24,358 vs 28,659
+(0.85x; 36 vs 30 us), concurrent64 2.82x. Changed since, for other reasons (recording,
+tools/bench_queries.py): an append's payload is kept as plain JSON text, no longer as a
+`str` subclass carrying the dumped document (one copy of the text less, and no document
+kept for an event nothing projects). The full run after (both databases, 3 rounds):
+SQLite sequential 8,833 vs 9,365 ev/s (0.94x, MISS; CPU 88 vs 86 us, the raw driver on
+artstore's table 78 us), batch100 25,892 vs 28,631 (0.90x, MISS; 33 vs 28 us, the raw
+driver 33 us), concurrent64 14,878 vs 5,043 (2.95x, PASS); PostgreSQL sequential 931 vs
+420 (2.22x, PASS). In batches of 100 artstore now costs what the raw driver costs on a
+table with artstore's columns, keys and trigger: what is left there is the table, which
+holds the invariants (the unique event id that makes retries idempotent, the trigger
+that refuses REPLACE). A lone append costs ~10 us of CPU above the raw driver's INSERT:
+the event's pydantic dump, its JSON and secret scan, the event id and time stamp, the
+append's future.
+
 Run it from the repository root:
 
     python tools/bench_append.py                      # both databases, about 1-3 minutes
