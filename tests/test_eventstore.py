@@ -694,3 +694,26 @@ async def test_an_append_after_queued_ones_is_written_after_them(store):
         "o4",
         "o4-again",
     ]
+
+
+async def test_every_way_of_appending_stores_each_payload_as_a_json_object(store):
+    """Payloads reach the database as the JSON text the append encoded, whichever way the
+    writer takes: one INSERT that commits by itself, a projected batch, the checked way
+    (a condition, an expected version of ANY), a batch queued with others."""
+    await store.append("plain", [NotProjected(n=1)], NO_STREAM)  # one statement
+    await store.append("plain", [NotProjected(n=n) for n in range(2, 102)], expected_version=1)
+    await store.append("run-a", [finished("a")], NO_STREAM)  # projected, not a rollout's
+    await store.append("checked", [NotProjected(n=0)], condition=lambda connection: None)
+    await store.append("checked", [NotProjected(n=1)])  # ANY: checked against the database
+    await asyncio.gather(
+        store.append("run-b", [finished("b")], NO_STREAM),
+        store.append("plain-2", [NotProjected(n=2)], NO_STREAM),
+    )
+    json_type = "json_typeof" if store.dialect == "postgresql" else "json_type"
+    async with store.database.read() as connection:
+        kinds = await connection.execute(
+            text(f"SELECT {json_type}(data) AS kind, count(*) FROM events GROUP BY kind")
+        )
+        assert dict(kinds.all()) == {"object": 106}
+    assert [e.decode().n for e in await store.read_stream("plain")] == list(range(1, 102))
+    assert [e.decode().run for e in await store.read_stream("run-b")] == ["b"]

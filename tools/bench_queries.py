@@ -322,13 +322,17 @@ each payload's dumped document (a tree of dicts and lists kept for the projector
 each payload's text, a `str` subclass with a `__dict__` (`EncodedJson`), which the
 collector tracks as a container. Changed (decided: projections are what the log says):
 a queued append holds its payloads as plain JSON text, and the writer reads each document
-back from it (`load_payload`: pydantic's parser, exact for integers of any size) in the
-batch, with the collector paused; the projector now sees keys in the stored order, as a
-rebuild on SQLite does, so a live projection and a rebuild agree there (a test that
-ordered reward rows by their surrogate id now reads them by rollout). Queueing adds
-45,336 objects, and one full collection is left (~0.5 s). Trees alternated in one
-session, 4 rounds: before 5,311 / 5,230 / 5,894 / 4,921 events/s, after 5,826 / 6,282
-/ 6,138 / 5,589 (+4% to +20%, +12% on the median).
+back from it (`load_payload`: pydantic's parser, exact for integers of any size) for the
+projector (in a batch, with the collector paused); the projector now sees keys in the
+stored order, as a rebuild does (SQLite's text and PostgreSQL's `json` keep the sorted
+text), so a live projection and a rebuild agree (a test that ordered reward rows by their
+surrogate id now reads them by rollout). A review found that PostgreSQL's plain INSERT
+(a batch that cannot go side by side, the checked way) then sent the text through the
+JSON column's serializer, which encoded it again as a JSON string: it now binds the text
+and casts it, and a test appends every way and asks the database for each payload's
+type. Queueing adds 45,336 objects, and one full collection is left (~0.5 s). Trees
+alternated in one session, 4 rounds: before 5,311 / 5,230 / 5,894 / 4,921 events/s,
+after 5,826 / 6,282 / 6,138 / 5,589 (+4% to +20%, +12% on the median).
 
 Run it from the repository root:
 

@@ -28,7 +28,19 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from sqlalchemy import BigInteger, Table, cast, column, func, literal, select, table, text
+from sqlalchemy import (
+    BigInteger,
+    Table,
+    Text,
+    bindparam,
+    cast,
+    column,
+    func,
+    literal,
+    select,
+    table,
+    text,
+)
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError
@@ -164,8 +176,7 @@ class PostgresDatabase(Database):
             result = connection.execute(_INSERT_SIDE_BY_SIDE, _insert_parameters(rows))
             found = {row.inserted_event_id: row.inserted_position for row in result}
             return [found[row["event_id"]] for row in rows]
-        statement = events.insert().returning(events.c.position, sort_by_parameter_order=True)
-        return [row.position for row in connection.execute(statement, rows)]
+        return [row.position for row in connection.execute(_INSERT_EVENTS, rows)]
 
     def insert_missing(
         self, connection: Connection, table: Table, key: str, rows: list[dict[str, Any]]
@@ -398,6 +409,15 @@ _INSERT_SIDE_BY_SIDE = text(
     "CAST(:event_ids AS varchar[]), CAST(:stream_ids AS varchar[]), "
     "CAST(:versions AS integer[]), CAST(:types AS varchar[]), CAST(:data AS json[]), "
     "CAST(:recorded_at AS timestamptz[]))"
+)
+
+
+# The payloads are JSON texts already (`payload_json`): bound as text and cast by the
+# server, never through the JSON column's serializer, which would encode a text again.
+_INSERT_EVENTS = (
+    events.insert()
+    .values(data=cast(bindparam("data", type_=Text()), events.c["data"].type))
+    .returning(events.c.position, sort_by_parameter_order=True)
 )
 
 

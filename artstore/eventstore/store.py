@@ -588,9 +588,9 @@ class EventStore:
         rows = [{**row, "version": head + n} for n, row in enumerate(item.rows, start=1)]
         self._insert_blobs(connection, [item])
         positions = self.database.insert_events(connection, rows)
-        item.recorded = _recorded(rows, positions)
         item.result = AppendResult(item.stream_id, rows[-1]["version"], positions, True)
         if self._projector is not None:
+            item.recorded = _recorded(rows, positions)
             self._projector(connection, item.recorded, item.blobs)
 
     def _insert_blobs(self, connection: Connection, batch: list[_Append]) -> None:

@@ -62,6 +62,8 @@ class SideBySide:
                 return False
             if not row["stream_id"].startswith("rollout-"):
                 return False  # its rollout is named by its stream (llm.call)
+            if kind not in _NAMING_THEIR_ROLLOUT:
+                continue  # an llm.call, the largest payload: nothing in it to look at
             data = load_payload(row["data"])
             own_stream = f"rollout-{data.get('rollout_id')}"
             if kind in _NAMING_THEIR_ROLLOUT and row["stream_id"] != own_stream:
