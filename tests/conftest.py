@@ -59,6 +59,13 @@ def _drop_postgres_database(conninfo: str, url: str) -> None:
         connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests (marked `slow`: crash storms, the README's blocks) first, the rest in
+    their order: the workers share them out first and fill in with the short ones, so
+    that no worker is left running a two-minute test after the others are done."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A URL of an empty database: a SQLite file, or a fresh PostgreSQL database."""

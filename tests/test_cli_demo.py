@@ -99,6 +99,7 @@ def train_steps_recorded(url: str) -> int:
     return len(json.loads(shown.stdout)) if shown.exit_code == 0 else 0
 
 
+@pytest.mark.slow
 def test_an_interrupted_demo_is_resumed_without_training_a_group_twice(database_url, tmp_path):
     artstore_command = ["artstore", "demo", "--url", database_url]
     workdir = ["--workdir", str(tmp_path / "work")]

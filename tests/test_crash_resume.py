@@ -76,6 +76,7 @@ def processes() -> Any:
     )
 
 
+@pytest.mark.slow
 async def test_killed_at_every_point_and_resumed_trains_each_group_once(
     database_url: str, tmp_path: Path, processes: Any
 ) -> None:

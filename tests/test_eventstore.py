@@ -277,6 +277,7 @@ async def test_a_blob_under_another_hash_than_its_texts_is_refused_with_its_appe
     assert await store.get_blobs([digest, other]) == {digest: body}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("events", ["projected", "unprojected"])
 async def test_catch_up_reader_sees_every_event_once_in_order(database_url, events):
     # "unprojected": the writers' batches need no projection, so that on PostgreSQL each

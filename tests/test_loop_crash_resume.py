@@ -62,6 +62,7 @@ def processes() -> Any:
     )
 
 
+@pytest.mark.slow
 async def test_a_durable_user_loop_killed_at_every_point_trains_each_group_once(
     database_url: str, tmp_path: Path, processes: Any
 ) -> None:

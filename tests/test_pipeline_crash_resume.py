@@ -56,6 +56,7 @@ def processes() -> Any:
     return forkserver(["pipeline_crash_driver", "art", "art.pipeline_trainer"])
 
 
+@pytest.mark.slow
 async def test_pipeline_trainer_killed_at_every_point_loses_no_group(
     database_url: str, tmp_path: Path, processes: Any
 ) -> None:

@@ -22,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from artstore.art_versions import has_pipeline_trainer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,6 +118,7 @@ def test_the_pipeline_trainer_block_is_left_out_only_where_art_lacks_it():
     assert len(blocks_to_run(blocks, pipeline_trainer=False)) == len(blocks) - 2
 
 
+@pytest.mark.slow
 def test_every_block_runs_as_pasted_in_order(database_url, tmp_path):
     blocks = blocks_to_run(readme_blocks(), pipeline_trainer=has_pipeline_trainer())
     env = environment(database_url)

@@ -268,6 +268,7 @@ def _peak_memory_of(url: str, rows: int) -> tuple[int, int]:
     return lines - 1, peak  # less the header
 
 
+@pytest.mark.slow
 def test_two_million_rows_are_not_held_in_memory(database_url):
     url = asyncio.run(recorded_url_of(database_url))
     few_rows, few_peak = _peak_memory_of(url, 10)
