@@ -10,6 +10,10 @@ tests/test_worker_storm.py.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import threading
 from collections import Counter
 from datetime import UTC, datetime
@@ -48,6 +52,7 @@ from artstore.workers.claims import GroupPlan
 from artstore.workers.worker import InferenceModel, abandon_rollout
 
 RUN = "workers-test/run"
+CLAIM_HOLDER = Path(__file__).with_name("claim_holder.py")
 MODEL = "workers-test/model"
 
 
@@ -190,6 +195,38 @@ async def test_an_expired_lease_is_claimed_again_and_the_stale_end_is_refused(pg
     assert by_id[fresh.rollout_id].status == "finished"
     (group,) = await rows(pg_store, t.group_claims)
     assert group.status == "sealable"  # its last slot ended
+
+
+async def test_a_worker_stopped_inside_a_claims_transaction_gives_up_its_slots(
+    pg_store, postgres_url: str
+):
+    # Stopped while its heartbeat's renewal held the rows of its slots locked: the others'
+    # claims skip locked rows, so its slots come free only once the server ends its session.
+    await register(pg_store, batches=[0], group_size=1)
+    (held,) = await claims.claim_rollouts(pg_store.database, RUN, "stopped", 1, 1)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    holder = subprocess.Popen(
+        [sys.executable, str(CLAIM_HOLDER), postgres_url, RUN, "stopped"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        os.kill(holder.pid, signal.SIGSTOP)
+        taken: list[claims.RolloutClaim] = []
+        for _ in range(600):  # up to a minute; the server ends the session within seconds
+            taken = await claims.claim_rollouts(pg_store.database, RUN, "other", 1, 30)
+            if taken:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        holder.kill()
+        os.kill(holder.pid, signal.SIGCONT)
+        holder.wait()
+    assert [(c.group_id, c.slot, c.token) for c in taken] == [
+        (held.group_id, held.slot, held.token + 1)
+    ]
 
 
 async def test_a_lease_that_expired_is_refused_even_if_nobody_claimed_it(pg_store):

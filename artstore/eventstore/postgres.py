@@ -74,11 +74,12 @@ SESSION_SETTINGS = {
     "tcp_keepalives_count": "6",
 }
 # The store's writer: its transactions are short and machine-driven, so tighter. The
-# idle timeout is shorter than `lock_timeout`: a writer stopped while it holds the
-# append lock is ended before the others give up waiting for it.
+# idle timeout is far below `lock_timeout`: a writer stopped while it holds the append
+# lock (and, for a worker's rollout, the rows of its claim) holds up every writer until
+# the server ends its session, and the others must not give up waiting first.
 WRITER_SETTINGS = {
     **SESSION_SETTINGS,
-    "idle_in_transaction_session_timeout": "60s",
+    "idle_in_transaction_session_timeout": "15s",
     "statement_timeout": "300s",
     # JIT compiling takes 40-140 ms a statement once the planner's estimate passes
     # jit_above_cost, which a batch's lookups of hundreds of streams do before ANALYZE has

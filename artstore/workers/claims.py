@@ -61,6 +61,11 @@ T = TypeVar("T")
 # worker stopped it (shutting down, or its lease was lost), the agent did not fail.
 REDO_ERRORS = frozenset({"CancelledError"})
 NOW = func.clock_timestamp  # the database's clock, for every lease (hosts' clocks differ)
+# A worker stopped inside one of these transactions (SIGSTOP, a frozen VM, a debugger)
+# keeps the rows it touched locked, and other workers' claims skip locked rows: its slots
+# could not be taken over when its leases expire. The server ends such a session once it
+# has sat idle in its transaction this long (the sessions' default is 10 minutes).
+CLAIMS_IDLE_TIMEOUT = "5s"
 _pg_database = table("pg_database", column("oid"), column("datname"))
 
 
@@ -142,10 +147,20 @@ class GroupState:
     error: str | None
 
 
-async def _write(database: Database, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
-    """One transaction; a lost connection comes out as DatabaseUnavailableError."""
+async def claims_transaction(
+    database: Database, work: Callable[[AsyncConnection], Awaitable[T]]
+) -> T:
+    """One transaction on the claims, ended by the server if its process stops inside it;
+    a lost connection comes out as DatabaseUnavailableError."""
+
+    async def bounded(connection: AsyncConnection) -> T:
+        await connection.exec_driver_sql(
+            f"SET LOCAL idle_in_transaction_session_timeout = '{CLAIMS_IDLE_TIMEOUT}'"
+        )
+        return await work(connection)
+
     try:
-        return await database.run_write(work)
+        return await database.run_write(bounded)
     except (DBAPIError, OSError) as exc:
         raise translate_error(exc, database) from exc
 
@@ -261,7 +276,7 @@ async def register_run(
         await _reopen_failed_groups(connection, run)
         await notify(connection, run, "work")
 
-    await _write(database, work)
+    await claims_transaction(database, work)
 
 
 async def _reopen_failed_groups(connection: AsyncConnection, run: str) -> None:
@@ -322,7 +337,7 @@ async def advance(
         await connection.execute(update(worker_runs).where(worker_runs.c.run == run).values(values))
         await notify(connection, run, "work")
 
-    await _write(database, work)
+    await claims_transaction(database, work)
 
 
 async def close_run(database: Database, run: str, status: str, error: str | None = None) -> None:
@@ -336,7 +351,7 @@ async def close_run(database: Database, run: str, status: str, error: str | None
         )
         await notify(connection, run, "closed")
 
-    await _write(database, work)
+    await claims_transaction(database, work)
 
 
 async def group_states(database: Database, group_ids: Iterable[str]) -> dict[str, GroupState]:
@@ -417,7 +432,7 @@ async def claim_work(
         )
         return Claimed(registration, seals, rollouts)
 
-    return await _write(database, work)
+    return await claims_transaction(database, work)
 
 
 async def claim_rollouts(
@@ -436,7 +451,7 @@ async def claim_rollouts(
         registration = RunRegistration(**row._asdict())
         return await _claim_rollouts(connection, registration, worker, limit, lease_s)
 
-    return await _write(database, work)
+    return await claims_transaction(database, work)
 
 
 async def claim_seals(
@@ -447,7 +462,7 @@ async def claim_seals(
     async def work(connection: AsyncConnection) -> list[SealClaim]:
         return await _claim_seals(connection, run, worker, limit, lease_s)
 
-    return await _write(database, work)
+    return await claims_transaction(database, work)
 
 
 async def _claim_rollouts(
@@ -660,7 +675,7 @@ async def renew(
                     lost_seals.append(claim)
         return lost_rollouts, lost_seals
 
-    return await _write(database, work)
+    return await claims_transaction(database, work)
 
 
 async def release_rollout(database: Database, claim: RolloutClaim) -> str:
@@ -696,7 +711,7 @@ async def release_rollout(database: Database, claim: RolloutClaim) -> str:
         ).one()
         return "ended" if token == claim.token and status != "claimed" else "lost"
 
-    return await _write(database, work)
+    return await claims_transaction(database, work)
 
 
 async def release_seal(database: Database, claim: SealClaim) -> str:
@@ -723,7 +738,7 @@ async def release_seal(database: Database, claim: SealClaim) -> str:
         ).one()
         return "ended" if token == claim.token and status != "sealing" else "lost"
 
-    return await _write(database, work)
+    return await claims_transaction(database, work)
 
 
 async def fail_seal(database: Database, claim: SealClaim, error: str) -> None:
@@ -743,7 +758,7 @@ async def fail_seal(database: Database, claim: SealClaim, error: str) -> None:
             raise _seal_lost(claim)
         await notify(connection, claim.run, "failed")
 
-    await _write(database, work)
+    await claims_transaction(database, work)
 
 
 async def seconds_to_next_expiry(database: Database, run: str) -> float | None:
