@@ -15,16 +15,16 @@ def in_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
 
 
-def tables(database_url: str) -> set[str]:
-    """The tables of the database at `database_url` (none for a SQLite file not there)."""
+def tables(url: str) -> set[str]:
+    """The tables of the database at `url` (none for a SQLite file not there)."""
     from sqlalchemy import create_engine, inspect
 
-    if database_url.startswith("sqlite"):
-        if not Path(database_url.removeprefix("sqlite:///")).exists():
+    if url.startswith("sqlite"):
+        if not Path(url.removeprefix("sqlite:///")).exists():
             return set()
-        engine = create_engine(database_url)
+        engine = create_engine(url)
     else:
-        engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg://", 1))
+        engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
     try:
         with engine.connect() as connection:
             return set(inspect(connection).get_table_names())
@@ -40,9 +40,9 @@ MISTAKES = [
 ]
 
 
-def test_mistakes_create_nothing(database_url: str, tmp_path: Path) -> None:
+def test_mistakes_create_nothing(empty_database_url: str, tmp_path: Path) -> None:
     for args, status in MISTAKES:
-        result = cli(*args, "--url", database_url)
+        result = cli(*args, "--url", empty_database_url)
         assert result.exit_code == status, (args, result.output)
         message = one_line_error(result)
         if args[0] == "import":
@@ -51,7 +51,7 @@ def test_mistakes_create_nothing(database_url: str, tmp_path: Path) -> None:
             assert "no artstore database at" in message or "the database is empty" in message, (
                 message
             )
-        assert tables(database_url) == set(), args
+        assert tables(empty_database_url) == set(), args
     assert not (tmp_path / "artstore.db").exists()
 
 

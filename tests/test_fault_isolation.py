@@ -228,9 +228,9 @@ async def _sqlite_pages(store) -> int:
 
 
 @pytest.fixture
-def small_tablespace(postgres_url: str):
+def small_tablespace(empty_postgres_url: str):
     """The test database's tables on a 24 MiB tmpfs: PostgreSQL runs out of disk for real."""
-    database_url = postgres_url
+    database_url = empty_postgres_url
     if os.geteuid() != 0:
         pytest.skip("mounting a small filesystem for the server's tablespace needs root")
     import pwd

@@ -92,15 +92,15 @@ def test_a_file_that_is_no_database_is_one_line(tmp_path):
     assert one_line(result.stderr).startswith(f"error: cannot read the database at {path}")
 
 
-async def test_an_empty_or_foreign_database_is_refused_unchanged(database_url):
+async def test_an_empty_or_foreign_database_is_refused_unchanged(empty_database_url):
     with pytest.raises(NotFoundError, match=r"no artstore database|the database is empty"):
-        await artstore.open_store(database_url, read_only=True)
-    async with await artstore.open_store(database_url) as store:  # recording creates it
+        await artstore.open_store(empty_database_url, read_only=True)
+    async with await artstore.open_store(empty_database_url) as store:  # recording creates it
         async with store.database.write() as connection:
             await connection.execute(text("CREATE TABLE other_app (x INTEGER)"))
             await connection.execute(text("DROP TABLE alembic_version"))
     with pytest.raises(SchemaError, match="not an artstore database"):
-        await artstore.open_store(database_url, read_only=True)
+        await artstore.open_store(empty_database_url, read_only=True)
 
 
 async def test_a_read_only_store_reads_and_refuses_to_record(database_url):

@@ -47,7 +47,7 @@ def test_the_head_revision_in_code_is_the_newest_migration_script():
 
 
 def test_opening_a_current_store_imports_no_alembic_and_reading_it_no_projections(
-    database_url,
+    empty_database_url,
 ):
     """The revision of a current store is read with one SELECT (Alembic is for migrating),
     and a store opened read-only has no projector to load (nor LangChain with it)."""
@@ -57,7 +57,7 @@ def test_opening_a_current_store_imports_no_alembic_and_reading_it_no_projection
             "import asyncio, json, sys\n"
             "import artstore\n"
             "async def main():\n"
-            f"    async with await artstore.open_store({database_url!r}{opening}) as store:\n"
+            f"    async with await artstore.open_store({empty_database_url!r}{opening}) as store:\n"
             "        assert await store.read_all() is not None\n"
             "asyncio.run(main())\n"
             "heavy = ('alembic', 'langchain_core', 'artstore.projections')\n"
@@ -77,43 +77,43 @@ def test_opening_a_current_store_imports_no_alembic_and_reading_it_no_projection
     assert reading == {"alembic": [], "langchain_core": [], "artstore.projections": []}
 
 
-def test_db_upgrade_and_current(database_url):
+def test_db_upgrade_and_current(empty_database_url):
     runner = CliRunner()
-    before = runner.invoke(app, ["db", "current", "--url", database_url])
+    before = runner.invoke(app, ["db", "current", "--url", empty_database_url])
     assert before.exit_code == 0 and "empty" in before.output
 
-    upgraded = runner.invoke(app, ["db", "upgrade", "--url", database_url])
+    upgraded = runner.invoke(app, ["db", "upgrade", "--url", empty_database_url])
     assert upgraded.exit_code == 0, upgraded.output
     assert migrate.head_revision() in upgraded.output
 
-    current = runner.invoke(app, ["db", "current", "--url", database_url])
+    current = runner.invoke(app, ["db", "current", "--url", empty_database_url])
     assert current.exit_code == 0
     assert current.output.startswith(migrate.head_revision()) and "up to date" in current.output
 
 
-def test_db_commands_refuse_a_newer_schema(database_url):
+def test_db_commands_refuse_a_newer_schema(empty_database_url):
     async def stamp_a_future_revision() -> None:
-        async with await artstore.open_store(database_url) as store:
+        async with await artstore.open_store(empty_database_url) as store:
             async with store.database.write() as connection:
                 await connection.execute(text("UPDATE alembic_version SET version_num = 'ffff'"))
 
     asyncio.run(stamp_a_future_revision())
-    result = CliRunner().invoke(app, ["db", "upgrade", "--url", database_url])
+    result = CliRunner().invoke(app, ["db", "upgrade", "--url", empty_database_url])
     assert result.exit_code == 1
     assert "newer artstore" in result.output and "Traceback" not in result.output
 
 
-async def test_opening_without_migration_refuses_an_empty_or_old_database(database_url):
-    store = await artstore.open_store(database_url, migrate_schema=False)
+async def test_opening_without_migration_refuses_an_empty_or_old_database(empty_database_url):
+    store = await artstore.open_store(empty_database_url, migrate_schema=False)
     await store.close()  # an empty database is left empty, not refused
-    async with await artstore.open_store(database_url) as store:
+    async with await artstore.open_store(empty_database_url) as store:
         async with store.database.write() as connection:
             await connection.execute(text("UPDATE alembic_version SET version_num = '0001'"))
     if migrate.head_revision() != "0001":
         from artstore.errors import SchemaOutdatedError
 
         try:
-            await artstore.open_store(database_url, migrate_schema=False)
+            await artstore.open_store(empty_database_url, migrate_schema=False)
         except SchemaOutdatedError as exc:
             assert "artstore db upgrade" in str(exc)
         else:
@@ -162,9 +162,9 @@ def test_the_newest_views_revision_matches_views_py():
     assert newest["postgresql"] == views.create_statements(postgresql.dialect())
 
 
-async def test_0008_drops_the_type_index_and_keeps_every_event(database_url):
+async def test_0008_drops_the_type_index_and_keeps_every_event(empty_database_url):
     """Upgrading a store written at 0007 keeps its events; a downgrade brings the index back."""
-    engine = create_async_engine(resolve_url(database_url))
+    engine = create_async_engine(resolve_url(empty_database_url))
     stored = {
         "event_id": new_event_id(),
         "stream_id": "run-old",
@@ -202,14 +202,14 @@ async def test_0008_drops_the_type_index_and_keeps_every_event(database_url):
 
 
 async def test_0011_rebuilds_sqlite_events_without_autoincrement_and_keeps_every_event(
-    database_url,
+    empty_database_url,
 ):
     """Upgrading a store written at 0010 keeps every event byte for byte (positions, ids,
     payloads, times); on SQLite the table loses AUTOINCREMENT and keeps its keys and
     triggers, positions go on after the highest ever handed out, and a downgrade gives
     AUTOINCREMENT back. PostgreSQL is untouched."""
-    engine = create_async_engine(resolve_url(database_url))
-    sqlite = database_url.startswith("sqlite")
+    engine = create_async_engine(resolve_url(empty_database_url))
+    sqlite = empty_database_url.startswith("sqlite")
     payloads = [
         {"z": 1, "a": [1.5, -0.0, 1e300], "text": 'é\u0000\u2028 "quoted" 𝄞'},
         {"b": None, "a": {"nested": True}},
@@ -275,7 +275,7 @@ async def test_0011_rebuilds_sqlite_events_without_autoincrement_and_keeps_every
                     with pytest.raises(Exception, match="immutable"):
                         async with connection.begin_nested():
                             await connection.execute(text(statement))
-        async with await artstore.open_store(database_url) as store:
+        async with await artstore.open_store(empty_database_url) as store:
             appended = await store.append("run-new", [RunFinished(run="new")], NO_STREAM)
             later = await store.read_all(after=0)
         # After the highest position ever handed out: on SQLite the counter, 5 above.
@@ -296,8 +296,8 @@ async def test_0011_rebuilds_sqlite_events_without_autoincrement_and_keeps_every
         await engine.dispose()
 
 
-async def test_0012_adds_v_runs_model_key_and_the_reader_keeps_reading_v_runs(database_url):
-    engine = create_async_engine(resolve_url(database_url))
+async def test_0012_adds_v_runs_model_key_and_the_reader_keeps_reading_v_runs(empty_database_url):
+    engine = create_async_engine(resolve_url(empty_database_url))
 
     def columns(connection) -> list[str]:
         return [c["name"] for c in inspect(connection).get_columns("v_runs")]

@@ -135,8 +135,8 @@ async def in_flight(store) -> bool:
     async with store.database.read() as connection:
         found = await connection.execute(
             text(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE query LIKE '%held by the test' AND pid <> pg_backend_pid()"
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query LIKE '%held by the test' AND pid <> pg_backend_pid()"
             )
         )
         return found.scalar() > 0

@@ -204,8 +204,8 @@ async def _running_queries(store, fragment: str) -> int:
     async with store.database.read() as connection:
         found = await connection.execute(
             text(
-                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
-                "AND query LIKE :fragment AND pid <> pg_backend_pid()"
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state = 'active' AND query LIKE :fragment AND pid <> pg_backend_pid()"
             ),
             {"fragment": f"%{fragment}%"},
         )
@@ -293,14 +293,14 @@ def test_the_command_line_stops_a_query_at_its_timeout(database_url):
 
 
 @pytest.fixture
-def plain_user_url(postgres_url: str):
+def plain_user_url(empty_postgres_url: str):
     """The test database owned by a user who may neither create roles nor bypass rights."""
     import uuid
 
     import psycopg
 
     user = f"artstore_plain_{uuid.uuid4().hex[:8]}"
-    url = make_url(postgres_url)
+    url = make_url(empty_postgres_url)
     admin = url.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(admin, autocommit=True) as connection:
         connection.execute(f"CREATE ROLE {user} LOGIN")
