@@ -212,6 +212,19 @@ that refuses REPLACE). A lone append costs ~10 us of CPU above the raw driver's 
 the event's pydantic dump, its JSON and secret scan, the event id and time stamp, the
 append's future.
 
+On 2026-12-03, a slower machine of the kind (eventsourcing's single-event commit 113 us of
+CPU, the raw driver's INSERT + COMMIT on artstore's table 86 us; otherwise idle, 3
+rounds): SQLite sequential 7,025 vs 7,971 ev/s (0.88x, MISS; 125 us of CPU per event),
+batch100 24,183 vs 30,269 (0.80x, MISS; 36 vs 28 us, the raw driver 32 us), concurrent64
+3.54x (PASS); PostgreSQL sequential 1,036 vs 621 (1.67x, PASS). py-spy of 8,000 lone
+appends (2,000 samples/s): 43% of the append's time is the driver's one INSERT that
+commits by itself, the rest artstore's Python around it, spread thin: the event id
+(~7%, 2 us in a tight loop, 9 us between commits), the payload's JSON (~4%), its time
+stamp as text (~4%), the row and the stream head (~3%), the pydantic dump (~2%), the
+future and the bookkeeping. Each step costs three to four times what it costs in a tight
+loop, which is the commit emptying the caches, as noted above. Nothing was changed in
+this pass: no single part is worth a change that would cost an invariant.
+
 Run it from the repository root:
 
     python tools/bench_append.py                      # both databases, about 1-3 minutes
