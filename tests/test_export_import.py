@@ -53,6 +53,7 @@ from artstore.events import (
 from artstore.exchange import export_jsonl, export_parquet, import_path
 from artstore.exchange.importer import derived_id
 from artstore.exchange.parquet import COLUMNS
+from artstore.projections import rebuild
 from artstore.schema import tables as t
 
 RUN = "p/agent"
@@ -381,6 +382,53 @@ def test_jsonl_export_imported_into_a_fresh_store_gives_the_same_trajectories(
             assert await rows(copy, select(t.group_consumptions)) == []
 
     asyncio.run(compare())
+
+
+def test_an_imports_projection_is_what_replaying_its_events_in_any_pages_gives(
+    database_url: str, other_database_url: str, tmp_path: Path
+):
+    """An import's transactions project its `trajectory.imported` events in bulk; a
+    rebuild in pages of one event (each rollout's start, end and trajectory in pages of
+    their own: the rollout is in the table, not in the batch) and in larger pages writes
+    the same rows, the failed rollout's included."""
+    asyncio.run(_record(database_url))
+    exported = tmp_path / "run.jsonl"
+    assert cli("export", RUN, str(exported), "--url", database_url).exit_code == 0
+    result = cli("import", str(exported), "--url", other_database_url)
+    assert result.exit_code == 0, result.output
+
+    async def rebuilt_alike() -> None:
+        async with await artstore.open_store(other_database_url) as store:
+            imported = await projection_rows(store)
+            messages = imported[t.trajectory_messages.name]
+            assert {row["rollout_id"] for row in messages} == {"g0-a", "g0-b", "g0-v", "g1-a"}
+            statuses = {row["rollout_id"]: row["status"] for row in imported[t.rollouts.name]}
+            assert statuses["g1-x"] == "failed"
+            assert {row["imported"] for row in imported[t.rollouts.name]} == {True}
+            for page_size in (1, 2, 3, 2000):
+
+                def replay(connection: Any, size: int = page_size) -> int:
+                    store.database.lock_appends(connection)
+                    return rebuild(connection, page_size=size)
+
+                await store.database.run_write(lambda c, r=replay: c.run_sync(r))
+                assert await projection_rows(store) == imported, page_size
+
+    asyncio.run(rebuilt_alike())
+
+
+async def projection_rows(store) -> dict[str, list[dict[str, Any]]]:
+    """Every projection table's rows without surrogate ids (a rebuild numbers them anew),
+    in one order."""
+    tables: dict[str, list[dict[str, Any]]] = {}
+    async with store.database.read() as connection:
+        for table in t.PROJECTION_TABLES:
+            found = [
+                {k: v for k, v in row._mapping.items() if k not in {"id", "step_id"}}
+                for row in await connection.execute(select(table))
+            ]
+            tables[table.name] = sorted(found, key=repr)
+    return tables
 
 
 async def _record(url: str) -> None:

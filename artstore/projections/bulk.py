@@ -18,7 +18,11 @@ What ends in the tables is what projecting the events one by one in order wrote:
 - a group that names members started earlier fills their missing group and run at once,
   as `_group_sealed` did;
 - trajectory messages of the rollouts that finished are built after the calls are
-  written, from the event log as before (which holds the whole batch already).
+  written, from the event log as before (which holds the whole batch already);
+- an imported trajectory (`artstore import`) marks its rollout imported and, if the
+  rollout had finished when the event came, gives its messages, as `_trajectory_imported`
+  did one event at a time (a flush of everything before it, an UPDATE, a blob read and an
+  INSERT per rollout).
 """
 
 from __future__ import annotations
@@ -38,18 +42,27 @@ from artstore.events import (
     RewardsRecorded,
     RolloutFinished,
     RolloutStarted,
+    TrajectoryImported,
     TrajectoryRecorded,
 )
 from artstore.eventstore.store import RecordedEvent, recorded_from_row
 from artstore.eventstore.streams import events_of_streams
 from artstore.projections import rollout_rewards, trained
-from artstore.projections.imported import imported_message_rows, load_bodies
+from artstore.projections.imported import blob_hashes, imported_message_rows, load_bodies
 from artstore.projections.recorded import recorded_blob_hashes
 from artstore.projections.trajectories import StoredCalls, message_rows
 from artstore.schema import tables as t
 
 BULK_TYPES = frozenset(
-    e.type for e in (RolloutStarted, LLMCall, RolloutFinished, RewardsRecorded, GroupSealed)
+    e.type
+    for e in (
+        RolloutStarted,
+        LLMCall,
+        RolloutFinished,
+        RewardsRecorded,
+        GroupSealed,
+        TrajectoryImported,
+    )
 )
 
 # PostgreSQL's json functions cannot read a text holding NUL (\u0000) or a lone surrogate
@@ -269,6 +282,10 @@ class BulkProjection:
     totals: dict[str, CallTotals] = field(default_factory=dict)  # of rollouts in the table
     finishes: list[dict[str, Any]] = field(default_factory=list)  # of rollouts in the table
     finished: list[str] = field(default_factory=list)  # whose messages are projected
+    finished_ids: set[str] = field(default_factory=set)  # the same, to look up
+    # Imported trajectories whose rollout had finished when they came: their messages.
+    imported: list[TrajectoryImported] = field(default_factory=list)
+    imported_in_table: list[str] = field(default_factory=list)  # rollouts to mark imported
     summed_again: list[str] = field(default_factory=list)
     groups: list[dict[str, Any]] = field(default_factory=list)
     rewards: list[dict[str, Any]] = field(default_factory=list)
@@ -305,6 +322,8 @@ class BulkProjection:
             self._rewards_recorded(event, recorded)
         elif isinstance(event, GroupSealed):
             self._group_sealed(event, recorded)
+        elif isinstance(event, TrajectoryImported):
+            self._trajectory_imported(event)
         else:  # pragma: no cover - BULK_TYPES and this dispatch are written together
             raise TypeError(f"not projected in bulk: {event.type}")
 
@@ -395,6 +414,7 @@ class BulkProjection:
             self.finishes.append({f"b_{key}": value for key, value in end.items()})
             self.finishes[-1]["b_rollout_id"] = e.rollout_id
         self.finished.append(e.rollout_id)
+        self.finished_ids.add(e.rollout_id)
 
     def _rewards_recorded(self, e: RewardsRecorded, r: RecordedEvent) -> None:
         for rollout_id, reward in e.rewards.items():
@@ -465,6 +485,25 @@ class BulkProjection:
             }
         )
 
+    def _trajectory_imported(self, e: TrajectoryImported) -> None:
+        # It follows the rollout's end (the importer writes started, ended, imported):
+        # messages come from a rollout that has finished by then, as for a recorded one.
+        started = self.new_rollouts.get(e.rollout_id)
+        if started is not None:
+            started["imported"] = True
+            status = started["status"]
+        else:
+            self.imported_in_table.append(e.rollout_id)
+            status = (
+                "finished"
+                if e.rollout_id in self.finished_ids  # by a finish in this batch
+                else self.connection.execute(  # nothing in this batch changed it
+                    select(ro.c.status).where(ro.c.rollout_id == e.rollout_id)
+                ).scalar()
+            )
+        if status == "finished":
+            self.imported.append(e)
+
     # --- writing ------------------------------------------------------------------------
 
     def flush(self) -> None:
@@ -500,6 +539,15 @@ class BulkProjection:
             self._upsert_latest(list(self.latest.values()))
         if self.finished:
             self._project_messages(self.finished)
+        if self.imported_in_table:
+            for start in range(0, len(self.imported_in_table), 500):
+                c.execute(
+                    update(ro)
+                    .where(ro.c.rollout_id.in_(self.imported_in_table[start : start + 500]))
+                    .values(imported=True)
+                )
+        if self.imported:
+            self._project_imported(self.imported)
         if self.touched:
             rollout_rewards.refresh_rewards(c, self.touched)
             trained.refresh_for_rollouts(c, self.touched)
@@ -508,6 +556,7 @@ class BulkProjection:
     def _clear(self) -> None:
         self.new_rollouts, self.calls, self.totals = {}, {}, {}
         self.finishes, self.finished, self.summed_again = [], [], []
+        self.finished_ids, self.imported, self.imported_in_table = set(), [], []
         self.groups, self.rewards, self.latest = [], [], {}
         self.touched = set()
 
@@ -542,6 +591,14 @@ class BulkProjection:
                 rows += message_rows(rollout_id, conversations)
         if rows:
             execute_many(c, _INSERT_MESSAGES, storable_tool_calls(rows))
+
+    def _project_imported(self, events: list[TrajectoryImported]) -> None:
+        """Rows of `trajectory_messages` for these imported trajectories, their blobs read
+        once for all (mostly from the texts the batch's appends carried)."""
+        bodies = load_bodies(self.connection, blob_hashes(events), self.blobs_at_hand)
+        rows = [row for event in events for row in imported_message_rows(event, bodies)]
+        if rows:
+            execute_many(self.connection, _INSERT_MESSAGES, storable_tool_calls(rows))
 
 
 def _recorded_trajectories(c: Connection, rollout_ids: list[str]) -> dict[str, Any]:

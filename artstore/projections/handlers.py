@@ -27,7 +27,6 @@ from artstore.events import (
     TrainStepCompleted,
     TrainStepFailed,
     TrainStepStarted,
-    TrajectoryImported,
 )
 from artstore.eventstore.store import RecordedEvent, recorded_from_row
 from artstore.projections import rollout_rewards, trained
@@ -36,9 +35,7 @@ from artstore.projections.bulk import (
     BulkProjection,
     implicit_run,
     storable_json,
-    storable_tool_calls,
 )
-from artstore.projections.imported import blob_hashes, imported_message_rows, load_bodies
 from artstore.schema import tables as t
 
 Handler = Callable[[Connection, Any, RecordedEvent], None]
@@ -307,6 +304,7 @@ def _checkpoint_pushed(c: Connection, e: CheckpointPushed, r: RecordedEvent) -> 
 
 
 # --- imports (`artstore import`) ----------------------------------------------------------
+# (Each rollout's `trajectory.imported` is projected in bulk: artstore.projections.bulk.)
 
 
 @handles(RunImported)
@@ -328,20 +326,3 @@ def _run_imported(c: Connection, e: RunImported, r: RecordedEvent) -> None:
             )
         )
         rollout_rewards.refresh_run_rewards(c, e.run)
-
-
-@handles(TrajectoryImported)
-def _trajectory_imported(c: Connection, e: TrajectoryImported, r: RecordedEvent) -> None:
-    # Follows the rollout's end: messages are projected for a finished rollout only, as
-    # `_rollout_finished` does for a recorded one.
-    status = (
-        c.execute(
-            update(t.rollouts)
-            .where(t.rollouts.c.rollout_id == e.rollout_id)
-            .values(imported=True)
-            .returning(t.rollouts.c.status)
-        )
-    ).scalar()
-    rows = imported_message_rows(e, load_bodies(c, blob_hashes([e])))
-    if rows and status == "finished":
-        c.execute(t.trajectory_messages.insert(), storable_tool_calls(rows))
