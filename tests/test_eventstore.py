@@ -34,9 +34,10 @@ from artstore.events import (
     new_event_id,
 )
 from artstore.eventstore import NO_STREAM, encode_blob
+from artstore.eventstore import store as eventstore_module
 from artstore.eventstore.database import connect, translate_error
 from artstore.eventstore.sqlite import sqlite_timestamp
-from artstore.eventstore.store import AppendResult, EventStore
+from artstore.eventstore.store import AppendResult, EventStore, PendingAppend
 from artstore.projections import project, projected_types
 from artstore.schema.tables import blobs, events
 from artstore.urls import resolve_url
@@ -695,6 +696,28 @@ async def test_an_append_after_queued_ones_is_written_after_them(store):
         "o4",
         "o4-again",
     ]
+
+
+async def test_appends_queued_together_are_never_split_between_transactions(store, monkeypatch):
+    """The writer ends a transaction at its limits, but never inside appends queued
+    together: with a limit of 3 appends per transaction, 2 lone appends and 5 queued
+    together take one transaction (not 3 split across two), the next append another."""
+    monkeypatch.setattr(eventstore_module, "MAX_APPENDS_PER_TRANSACTION", 3)
+    await store.append("run-first", [finished("first")], NO_STREAM)
+    with pytest.raises(InvalidEventError):  # one invalid append: none of them is queued
+        store.append_together_nowait(
+            [PendingAppend("run-t0", [finished("t0")], NO_STREAM), PendingAppend("run-t1", [])]
+        )
+    before = store.transactions
+    lone = [store.append_nowait(f"run-l{n}", [finished(f"l{n}")], NO_STREAM) for n in range(2)]
+    together = store.append_together_nowait(
+        [PendingAppend(f"run-t{n}", [finished(f"t{n}")], NO_STREAM) for n in range(5)]
+    )
+    after = store.append_nowait("run-after", [finished("after")], NO_STREAM)
+    results = await asyncio.gather(*lone, *together, after)
+    assert [r.version for r in results] == [1] * 8
+    assert store.transactions - before == 2
+    assert await count_events(store) == 9
 
 
 async def test_every_way_of_appending_stores_each_payload_as_a_json_object(store):

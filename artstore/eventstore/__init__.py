@@ -1,13 +1,21 @@
 """The event store: append-only streams of events in SQLite or PostgreSQL."""
 
 from artstore.eventstore.blobs import blob_hash, encode_blob
-from artstore.eventstore.store import ANY, NO_STREAM, AppendResult, EventStore, RecordedEvent
+from artstore.eventstore.store import (
+    ANY,
+    NO_STREAM,
+    AppendResult,
+    EventStore,
+    PendingAppend,
+    RecordedEvent,
+)
 
 __all__ = [
     "ANY",
     "NO_STREAM",
     "AppendResult",
     "EventStore",
+    "PendingAppend",
     "RecordedEvent",
     "blob_hash",
     "encode_blob",

@@ -95,6 +95,16 @@ class RecordedEvent:
 
 
 @dataclass(frozen=True)
+class PendingAppend:
+    """One append of `append_together_nowait`: what `append` takes."""
+
+    stream_id: str
+    events: Sequence[Event]
+    expected_version: int | None = ANY
+    blobs: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
 class AppendResult:
     stream_id: str
     version: int  # the stream's version after the append
@@ -125,6 +135,9 @@ class _Append:
     result: AppendResult | None = None
     error: BaseException | None = None
     recorded: list[RecordedEvent] = field(default_factory=list)
+    # Queued by `append_together_nowait` with the append after it: the writer does not
+    # end a transaction between the two.
+    with_next: bool = False
 
 
 class EventStore:
@@ -250,6 +263,25 @@ class EventStore:
             return item.future
         return self._enqueue(item)
 
+    def append_together_nowait(
+        self, appends: Sequence[PendingAppend]
+    ) -> list[asyncio.Future[AppendResult]]:
+        """Queue appends that are committed in one transaction; a future for each.
+
+        The writer may commit other appends in the same transaction, but never ends one
+        between these (however many events they hold): a group's rollouts and its seal
+        are stored together or not at all. Invalid events raise here, before any of them
+        is queued. Should the database refuse one of them, the writer retries them
+        one by one as it does any batch, and each then succeeds or fails on its own.
+        """
+        items = [
+            self._new_append(a.stream_id, a.events, a.expected_version, a.blobs, None)
+            for a in appends
+        ]
+        for item in items[:-1]:
+            item.with_next = True
+        return [self._enqueue(item) for item in items]
+
     def _new_append(
         self,
         stream_id: str,
@@ -337,10 +369,12 @@ class EventStore:
             batch = [await self._queue.get()]
             self._writing = True  # until every append of the batch has its answer
             num_events = len(batch[0].rows)
-            while (
-                not self._queue.empty()
-                and len(batch) < MAX_APPENDS_PER_TRANSACTION
-                and num_events < MAX_EVENTS_PER_TRANSACTION
+            while not self._queue.empty() and (
+                batch[-1].with_next  # the rest of appends queued together
+                or (
+                    len(batch) < MAX_APPENDS_PER_TRANSACTION
+                    and num_events < MAX_EVENTS_PER_TRANSACTION
+                )
             ):
                 batch.append(self._queue.get_nowait())
                 num_events += len(batch[-1].rows)

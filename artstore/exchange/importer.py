@@ -8,8 +8,12 @@ imports nothing. `write_plan` then:
 2. checks every stream it would write: a stream that already holds this import's first
    event is skipped (imported before), one that holds anything else is a conflict, and a
    conflict anywhere imports nothing (ImportConflictError);
-3. appends `run.imported`, then each group: its rollout streams and its group stream are
-   queued together and committed in one transaction by the store's group commit.
+3. appends `run.imported`, then the groups: each group's rollout streams and group stream
+   are queued together (`append_together_nowait`: never split between two transactions),
+   and groups are queued a window of about `WINDOW_EVENTS` events at a time, which the
+   store's group commit writes in one transaction or a few. One transaction per group
+   cost a projection pass and a commit per group: a 10,000-rollout run imported with
+   1,250 transactions instead of a dozen.
 
 Every event id is derived from the import (uuid5 of its stream and index), and so is every
 rollout and group id of a parquet import: importing the same file again writes nothing, and
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import ValidationError
 from sqlalchemy import select
 
+from artstore.collector import collector_paused
 from artstore.errors import ArtstoreError, EventError, ExchangeFormatError, ImportConflictError
 from artstore.events import (
     Event,
@@ -42,12 +47,15 @@ from artstore.events import (
     TrajectoryImported,
     encode_event,
 )
-from artstore.eventstore.blobs import canonical_json, encode_blob
-from artstore.eventstore.store import NO_STREAM
+from artstore.eventstore.blobs import encode_blob, payload_json
+from artstore.eventstore.store import MAX_EVENTS_PER_TRANSACTION, NO_STREAM, PendingAppend
 from artstore.schema import tables as t
 
 if TYPE_CHECKING:
     from artstore.store import Store
+
+# Groups are queued until this many events wait, then written before the next are queued.
+WINDOW_EVENTS = MAX_EVENTS_PER_TRANSACTION
 
 _NAMESPACE = uuid.UUID("6d1f7f52-3b0e-4c51-8f57-1c9e3f0a2b64")
 
@@ -241,10 +249,13 @@ def group_streams(plan: ImportPlan, group: ImportedGroup) -> list[_Stream]:
 def build_streams(plan: ImportPlan, where: str) -> list[list[_Stream]]:
     """Every event of the plan, per group, validated before anything is written."""
     try:
-        per_group = [group_streams(plan, group) for group in plan.groups]
+        # Tens of thousands of events and blobs that live until they are written: the
+        # cyclic collector traversed them again and again (artstore.collector).
+        with collector_paused():
+            per_group = [group_streams(plan, group) for group in plan.groups]
         for stream in (s for group in per_group for s in group):
             for event in stream.events:
-                canonical_json(encode_event(event)[1])  # what the store will refuse, now
+                payload_json(encode_event(event)[1])  # what the store will refuse, now
         return per_group
     except (ValidationError, ValueError, TypeError, EventError) as exc:
         raise ExchangeFormatError(f"{where}: cannot be imported: {_short(exc)}") from None
@@ -298,25 +309,35 @@ async def write_plan(store: Store, plan: ImportPlan) -> ImportSummary:
         )
     run_stream = f"run-{run}"
     await store.append(run_stream, _with_ids(f"{run_stream}\x00{plan.key}", [plan.run]))
-    written = 0
-    for done, group_streams_ in enumerate(per_group):
-        todo = [s for s in group_streams_ if s.stream_id not in stored]
-        # Queued together, without awaiting in between: the writer commits them in one
-        # transaction (group commit), so a group is imported whole or not at all.
-        futures = [
-            store.append_nowait(s.stream_id, s.events, NO_STREAM, blobs=s.blobs) for s in todo
-        ]
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        for result in results:
-            if isinstance(result, ArtstoreError):
-                raise ImportConflictError(
-                    f"importing group {plan.groups[done].group_id} failed: {result} "
-                    f"({done} of {len(per_group)} groups were imported, each whole; run the "
-                    "same import again to complete it)"
-                ) from result
-            if isinstance(result, BaseException):
-                raise result
-        written += sum(1 for s in todo if s.stream_id.startswith("rollout-"))
+    written = imported_groups = 0
+    window: list[tuple[int, list[_Stream], list[asyncio.Future[Any]]]] = []
+    waiting = 0  # events queued in the window
+    for index, streams_of_group in enumerate(per_group):
+        todo = [s for s in streams_of_group if s.stream_id not in stored]
+        appends = [PendingAppend(s.stream_id, s.events, NO_STREAM, s.blobs) for s in todo]
+        window.append((index, todo, store.append_together_nowait(appends) if todo else []))
+        waiting += sum(len(s.events) for s in todo)
+        if waiting < WINDOW_EVENTS and index < len(per_group) - 1:
+            continue
+        failure: tuple[int, BaseException] | None = None
+        for group_index, group_todo, futures in window:
+            results = await asyncio.gather(*futures, return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                failure = failure or (group_index, failed[0])
+                continue
+            imported_groups += 1
+            written += sum(1 for s in group_todo if s.stream_id.startswith("rollout-"))
+        if failure is not None:
+            group_index, error = failure
+            if not isinstance(error, ArtstoreError):
+                raise error
+            raise ImportConflictError(
+                f"importing group {plan.groups[group_index].group_id} failed: {error} "
+                f"({imported_groups} of {len(per_group)} groups were imported; run the same "
+                "import again to complete it)"
+            ) from error
+        window, waiting = [], 0
     rollouts = [r for g in plan.groups for r in g.rollouts]
     return ImportSummary(
         run=run,

@@ -42,7 +42,7 @@ from artstore.events import (
     new_id,
 )
 from artstore.eventstore.blobs import blob_hash
-from artstore.eventstore.store import NO_STREAM
+from artstore.eventstore.store import NO_STREAM, PendingAppend
 from artstore.schema import tables as t
 from artstore.training.groups import abandon_rollouts, group_stream, sealed_groups
 from artstore.training.runs import ensure_run
@@ -413,14 +413,13 @@ async def record_group(
         ),
     ]
     # Everything was encoded (and refused, if it had to be) before anything is written.
-    # Queued together, without awaiting in between: the writer commits the new rollouts
-    # and the seal in one transaction (group commit), so a crash leaves all or nothing.
-    futures = [
-        store.append_nowait(stream_id, events, NO_STREAM, blobs=blobs)
-        for stream_id, events, blobs in pending
+    # Queued together: the writer commits the new rollouts and the seal in one
+    # transaction, never split between two, so a crash leaves all or nothing.
+    appends = [
+        PendingAppend(stream_id, events, NO_STREAM, blobs) for stream_id, events, blobs in pending
     ]
-    futures.append(store.append_nowait(group_stream(group_id), sealing, NO_STREAM, blobs=details))
-    outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    appends.append(PendingAppend(group_stream(group_id), sealing, NO_STREAM, details))
+    outcomes = await asyncio.gather(*store.append_together_nowait(appends), return_exceptions=True)
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
