@@ -10,8 +10,11 @@ extracts COMMIT (`git archive`) into a temporary folder and runs, in a child pro
 whose `artstore` is the extracted one, that commit's own `tools/bench_queries.py`: its
 `plan_run` builds the run (same seed, same shape) and its `record` queues every append
 and waits, on a fresh SQLite file and a fresh PostgreSQL database, timed as
-bench_queries times its own recording. The last line printed is JSON:
-`{"commit", "rollouts", "rates": {database: events per second}}`.
+bench_queries times its own recording. With `--import-file PATH` (an artstore JSONL
+export), it then times that commit's `artstore.exchange.import_path` of the file into
+another fresh database of each kind, as bench_queries times today's. The last line
+printed is JSON: `{"commit", "rollouts", "rates": {database: events per second},
+"import_seconds": {database: seconds}}`.
 """
 
 from __future__ import annotations
@@ -25,15 +28,16 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 # Runs in the child, whose PYTHONPATH puts the extracted tree first (argv: tree,
-# rollouts, seed, databases as JSON, PostgreSQL URL).
+# rollouts, seed, databases as JSON, PostgreSQL URL, the JSONL to import or "").
 _CHILD = """
 import asyncio, importlib.util, json, sys, time
-tree, rollouts, seed, databases, postgres_url = sys.argv[1:6]
+tree, rollouts, seed, databases, postgres_url, import_file = sys.argv[1:7]
 import artstore
 assert artstore.__file__.startswith(tree), artstore.__file__
 spec = importlib.util.spec_from_file_location("baseline_bench", f"{tree}/tools/bench_queries.py")
@@ -43,7 +47,7 @@ spec.loader.exec_module(bench)
 async def main():
     plan = bench.plan_run(int(rollouts) // bench.ROLLOUTS_PER_STEP, int(seed))
     place = bench.Place(postgres_url)
-    rates = {}
+    rates, import_seconds = {}, {}
     try:
         for database in json.loads(databases):
             if database == "sqlite":
@@ -57,9 +61,23 @@ async def main():
                 rates[database] = plan.events / (time.perf_counter() - start)
             finally:
                 await store.close()
+            if not import_file:
+                continue
+            from artstore.exchange import import_path
+            if database == "sqlite":
+                url = f"sqlite:///{place.folder / 'imported.db'}"
+            else:
+                url = place.postgres_database()
+            store = await artstore.open_store(url)
+            try:
+                start = time.perf_counter()
+                await import_path(store, import_file)
+                import_seconds[database] = time.perf_counter() - start
+            finally:
+                await store.close()
     finally:
         place.clean()
-    print(json.dumps({"events": plan.events, "rates": rates}))
+    print(json.dumps({"events": plan.events, "rates": rates, "import_seconds": import_seconds}))
 
 asyncio.run(main())
 """
@@ -77,10 +95,24 @@ def available(commit: str) -> bool:
     return found.returncode == 0
 
 
+@dataclass
+class BaselineRun:
+    """What `commit` measured, per database."""
+
+    rates: dict[str, float]  # recording the run: events per second
+    import_seconds: dict[str, float] = field(default_factory=dict)  # importing the file
+
+
 def record(
-    commit: str, *, rollouts: int, seed: int, databases: Sequence[str], postgres_url: str
-) -> dict[str, float]:
-    """Events per second of `commit`'s recording of the run, per database."""
+    commit: str,
+    *,
+    rollouts: int,
+    seed: int,
+    databases: Sequence[str],
+    postgres_url: str,
+    import_file: Path | None = None,
+) -> BaselineRun:
+    """`commit`'s recording of the run, and its import of `import_file` if given."""
     with tempfile.TemporaryDirectory(prefix="artstore_baseline_") as tree:
         archive = subprocess.run(
             ["git", "-C", str(REPOSITORY), "archive", "--format=tar", commit],
@@ -90,7 +122,7 @@ def record(
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(tree, filter="tar")
         environment = {**os.environ, "PYTHONPATH": tree}
-        child_args = [json.dumps(list(databases)), postgres_url]
+        child_args = [json.dumps(list(databases)), postgres_url, str(import_file or "")]
         child = subprocess.run(
             [sys.executable, "-c", _CHILD, tree, str(rollouts), str(seed), *child_args],
             cwd=tree,
@@ -101,7 +133,8 @@ def record(
         if child.returncode != 0:
             tail = (child.stderr or child.stdout).strip().splitlines()[-1:]
             raise RuntimeError(f"the baseline ({commit[:12]}) failed: {' '.join(tail)}")
-        return json.loads(child.stdout.strip().splitlines()[-1])["rates"]
+        measured = json.loads(child.stdout.strip().splitlines()[-1])
+        return BaselineRun(measured["rates"], measured["import_seconds"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -110,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rollouts", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--databases", default="sqlite,postgresql")
+    parser.add_argument("--import-file", type=Path, help="an artstore JSONL export to import")
     parser.add_argument(
         "--postgres-url",
         default=os.environ.get(
@@ -120,14 +154,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not available(args.commit):
         parser.error(f"this checkout has no commit {args.commit}")
     databases = [d.strip() for d in args.databases.split(",") if d.strip()]
-    rates = record(
+    run = record(
         args.commit,
         rollouts=args.rollouts,
         seed=args.seed,
         databases=databases,
         postgres_url=args.postgres_url,
+        import_file=args.import_file,
     )
-    print(json.dumps({"commit": args.commit, "rollouts": args.rollouts, "rates": rates}))
+    print(
+        json.dumps(
+            {
+                "commit": args.commit,
+                "rollouts": args.rollouts,
+                "rates": run.rates,
+                "import_seconds": run.import_seconds,
+            }
+        )
+    )
     return 0
 
 
