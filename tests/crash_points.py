@@ -132,12 +132,14 @@ class CrashingBackend(CheckOnlyBackend):
 
 def crash_around_appends(store: Any, crash_plan: CrashPlan) -> None:
     """Reach the append points of `store`: `append` and group commits go through
-    `append_nowait`, so wrapping it sees every event written."""
+    `append_nowait`, groups recorded whole through `append_together_nowait`, so wrapping
+    both sees every event written."""
     from artstore.events import GroupSealed, RunFinished, TrainStepCompleted
 
-    append_nowait = store.append_nowait
+    append_nowait, append_together_nowait = store.append_nowait, store.append_together_nowait
 
-    def append_with_crashes(stream_id: str, events: Any, *args: Any, **kwargs: Any) -> Any:
+    def before(events: Any) -> tuple[bool, bool, bool]:
+        """The points before `events` are queued; which points follow their commit."""
         completes = any(isinstance(e, TrainStepCompleted) and not e.reconciled for e in events)
         reconciles = any(isinstance(e, TrainStepCompleted) and e.reconciled for e in events)
         seals = any(isinstance(e, GroupSealed) for e in events)
@@ -147,8 +149,11 @@ def crash_around_appends(store: Any, crash_plan: CrashPlan) -> None:
             crash_plan.reached("before-reconciled")
         if any(isinstance(e, RunFinished) for e in events):
             crash_plan.reached("before-finished")
-        future = append_nowait(stream_id, events, *args, **kwargs)
-        if not (completes or reconciles or seals):
+        return completes, reconciles, seals
+
+    def after(future: Any, points: tuple[bool, bool, bool]) -> Any:
+        completes, reconciles, seals = points
+        if not any(points):
             return future
 
         async def committed() -> Any:
@@ -163,7 +168,17 @@ def crash_around_appends(store: Any, crash_plan: CrashPlan) -> None:
 
         return asyncio.ensure_future(committed())
 
+    def append_with_crashes(stream_id: str, events: Any, *args: Any, **kwargs: Any) -> Any:
+        points = before(events)
+        return after(append_nowait(stream_id, events, *args, **kwargs), points)
+
+    def together_with_crashes(appends: Any) -> list[Any]:
+        points = [before(append.events) for append in appends]  # nothing is queued yet
+        futures = append_together_nowait(appends)
+        return [after(f, p) for f, p in zip(futures, points, strict=True)]
+
     store.append_nowait = append_with_crashes
+    store.append_together_nowait = together_with_crashes
 
 
 def run_logged(
