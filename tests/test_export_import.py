@@ -477,6 +477,11 @@ async def test_a_bad_line_imports_nothing(store, tmp_path):
     bad.write_text(good[0] + "\n{not json\n")
     with pytest.raises(ExchangeFormatError, match="line 2: not JSON"):
         await import_path(store, bad, run="other")
+    nul = json.loads(good[1])
+    nul["rollout_id"] = "g0-\x00b"  # no database keeps NUL in an id
+    bad.write_text("\n".join([good[0], json.dumps(nul), *good[2:]]) + "\n")
+    with pytest.raises(ExchangeFormatError, match="cannot hold the NUL character"):
+        await import_path(store, bad)  # its own ids (under another run, ids are derived)
     assert await count_events(store) == before
 
 

@@ -122,7 +122,9 @@ def record(
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
             tar.extractall(tree, filter="tar")
         environment = {**os.environ, "PYTHONPATH": tree}
-        child_args = [json.dumps(list(databases)), postgres_url, str(import_file or "")]
+        # The child runs in the extracted tree: the file's path must not be relative.
+        imported = str(import_file.resolve()) if import_file else ""
+        child_args = [json.dumps(list(databases)), postgres_url, imported]
         child = subprocess.run(
             [sys.executable, "-c", _CHILD, tree, str(rollouts), str(seed), *child_args],
             cwd=tree,

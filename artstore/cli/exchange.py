@@ -140,7 +140,7 @@ def import_(
 
     Rollouts, rewards and groups land in the same tables as recorded ones (rollouts marked
     imported) and `store.trajectory(id)` returns them as they were. Importing the same file
-    again writes nothing; each group is imported whole or not at all, and a file that does
+    again writes nothing; each group is written in one transaction, and a file that does
     not validate, or clashes with what the store holds, imports nothing.
     """
 

@@ -270,9 +270,10 @@ class EventStore:
 
         The writer may commit other appends in the same transaction, but never ends one
         between these (however many events they hold): a group's rollouts and its seal
-        are stored together or not at all. Invalid events raise here, before any of them
-        is queued. Should the database refuse one of them, the writer retries them
-        one by one as it does any batch, and each then succeeds or fails on its own.
+        commit together, and a crash leaves all of them or none. Invalid events raise
+        here, before any of them is queued. Should the database refuse one of them, or
+        the connection be lost, the writer retries the batch append by append as it does
+        any batch (`_write_batch`), and each then succeeds or fails on its own.
         """
         items = [
             self._new_append(a.stream_id, a.events, a.expected_version, a.blobs, None)

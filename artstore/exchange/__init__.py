@@ -12,9 +12,10 @@
   `run.imported`. `store.trajectory(id)` returns an imported trajectory item for item, and
   the projections mark its rollout `imported`.
 
-Importing is idempotent (ids derived from the source) and atomic per group; a file that
-does not validate, or that clashes with what the store holds, imports nothing. See
-`artstore.exchange.importer`.
+Importing is idempotent (ids derived from the source), each group is written in one
+transaction (an append the database refuses fails alone, and importing again completes
+the group), and a file that does not validate, or that clashes with what the store holds,
+imports nothing. See `artstore.exchange.importer`.
 """
 
 from __future__ import annotations

@@ -254,6 +254,8 @@ def build_streams(plan: ImportPlan, where: str) -> list[list[_Stream]]:
         with collector_paused():
             per_group = [group_streams(plan, group) for group in plan.groups]
         for stream in (s for group in per_group for s in group):
+            if "\x00" in stream.stream_id:  # a rollout or group id of the file: refused, now
+                raise ValueError(f"{stream.stream_id!r}: an id cannot hold the NUL character")
             for event in stream.events:
                 payload_json(encode_event(event)[1])  # what the store will refuse, now
         return per_group

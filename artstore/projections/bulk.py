@@ -492,15 +492,13 @@ class BulkProjection:
         if started is not None:
             started["imported"] = True
             status = started["status"]
-        else:
+        else:  # started before this batch (a rebuild's earlier page), or never
             self.imported_in_table.append(e.rollout_id)
-            status = (
-                "finished"
-                if e.rollout_id in self.finished_ids  # by a finish in this batch
-                else self.connection.execute(  # nothing in this batch changed it
-                    select(ro.c.status).where(ro.c.rollout_id == e.rollout_id)
-                ).scalar()
-            )
+            status = self.connection.execute(
+                select(ro.c.status).where(ro.c.rollout_id == e.rollout_id)
+            ).scalar()
+            if status is not None and e.rollout_id in self.finished_ids:
+                status = "finished"  # by a finish earlier in this batch, not written yet
         if status == "finished":
             self.imported.append(e)
 

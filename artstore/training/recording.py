@@ -414,7 +414,8 @@ async def record_group(
     ]
     # Everything was encoded (and refused, if it had to be) before anything is written.
     # Queued together: the writer commits the new rollouts and the seal in one
-    # transaction, never split between two, so a crash leaves all or nothing.
+    # transaction, never split between two, so a crash leaves all or nothing (an append
+    # the database refuses fails alone: `append_together_nowait`).
     appends = [
         PendingAppend(stream_id, events, NO_STREAM, blobs) for stream_id, events, blobs in pending
     ]
