@@ -44,37 +44,33 @@ spec = importlib.util.spec_from_file_location("baseline_bench", f"{tree}/tools/b
 bench = sys.modules["baseline_bench"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
+async def timed(place, database, sqlite_name, work):
+    # Seconds work(store) takes on a fresh database of the kind.
+    if database == "sqlite":
+        url = f"sqlite:///{place.folder / sqlite_name}"
+    else:
+        url = place.postgres_database()
+    store = await artstore.open_store(url)
+    try:
+        start = time.perf_counter()
+        await work(store)
+        return time.perf_counter() - start
+    finally:
+        await store.close()
+
 async def main():
     plan = bench.plan_run(int(rollouts) // bench.ROLLOUTS_PER_STEP, int(seed))
     place = bench.Place(postgres_url)
     rates, import_seconds = {}, {}
     try:
         for database in json.loads(databases):
-            if database == "sqlite":
-                url = f"sqlite:///{place.sqlite_file}"
-            else:
-                url = place.postgres_database()
-            store = await artstore.open_store(url)
-            try:
-                start = time.perf_counter()
-                await bench.record(store, plan)
-                rates[database] = plan.events / (time.perf_counter() - start)
-            finally:
-                await store.close()
-            if not import_file:
-                continue
-            from artstore.exchange import import_path
-            if database == "sqlite":
-                url = f"sqlite:///{place.folder / 'imported.db'}"
-            else:
-                url = place.postgres_database()
-            store = await artstore.open_store(url)
-            try:
-                start = time.perf_counter()
-                await import_path(store, import_file)
-                import_seconds[database] = time.perf_counter() - start
-            finally:
-                await store.close()
+            seconds = await timed(place, database, "artstore.db", lambda s: bench.record(s, plan))
+            rates[database] = plan.events / seconds
+            if import_file:
+                from artstore.exchange import import_path
+                import_seconds[database] = await timed(
+                    place, database, "imported.db", lambda s: import_path(s, import_file)
+                )
     finally:
         place.clean()
     print(json.dumps({"events": plan.events, "rates": rates, "import_seconds": import_seconds}))
