@@ -20,9 +20,9 @@ What ends in the tables is what projecting the events one by one in order wrote:
 - trajectory messages of the rollouts that finished are built after the calls are
   written, from the event log as before (which holds the whole batch already);
 - an imported trajectory (`artstore import`) marks its rollout imported and, if the
-  rollout had finished when the event came, gives its messages, as `_trajectory_imported`
-  did one event at a time (a flush of everything before it, an UPDATE, a blob read and an
-  INSERT per rollout).
+  rollout had finished when the event came, gives its messages, as a handler of its own
+  did before, one event at a time (a flush of everything before it, an UPDATE, a blob read
+  and an INSERT per rollout).
 """
 
 from __future__ import annotations
