@@ -1,10 +1,31 @@
-"""Keeping secrets out of the store: API keys are replaced before anything is written.
+"""Keeping credentials out of the store: each one artstore sees is replaced before anything
+is written or printed.
 
-A rollout's `Redactor` knows the model's inference API key, the password and the secret
-query parameters of its inference URL, and every environment variable that looks like a
-key or a token. It rewrites each text that goes into an event or a blob (message bodies,
-tool lists, error messages, tracebacks, scenarios, results, logs), so a key that appears
-in an exception's message or in a URL printed by a client is gone too.
+Where artstore sees credentials, and learns them (`learn`), before it builds anything
+that could hold them:
+
+- every request an httpx client of this process sends, once a store was opened to write
+  (`artstore.capture.credentials`): its `Authorization` header (the credential after the
+  scheme, and for `Basic` the password it encodes), headers whose name says key, token,
+  secret, password or auth (`api-key`, `x-api-key`, `x-goog-api-key`, ...), cookies, the
+  password of its URL and the values of key-like query parameters (`?key=`, `api_key=`);
+- a model's `inference_api_key` and the secret parts of its `inference_base_url`, when a
+  rollout, a run or a recorded group of that model starts;
+- the password of the database URL the store was opened with;
+- the environment (`secrets_from_environment`): the value of every variable whose name
+  ends in KEY, TOKEN, SECRET, PASSWORD or PASSWD (OPENAI_API_KEY, ANTHROPIC_API_KEY,
+  WANDB_API_KEY, HF_TOKEN, AWS_SECRET_ACCESS_KEY, PGPASSWORD, ...), and the password of
+  every variable whose value is a URL; read again whenever a rollout starts.
+
+What a process has learned holds for all of it: every `Redactor` (the store's, which
+rewrites every event before it is queued; each rollout's, which rewrites blobs, error
+messages, tracebacks, scenarios, results and logs) and `redact_known` (log lines, error
+messages of the command line) replace each known credential with `[REDACTED]`.
+
+Only a string that cannot be ordinary text is a credential (`is_secret`): at least 8
+characters, and either 24 characters or more or a mix of at least two kinds among
+letters, digits and other characters. "EMPTY", "sk-", "password" or "12345678" as a key
+would otherwise redact words and numbers from every conversation.
 
 A model that repeats a key spells it over several tokens (`"sk"`, `"-"`, `"local"`, ...):
 each token alone holds no secret, but joined they do. `Redactor.pieces` and
@@ -19,24 +40,41 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from collections.abc import Iterable, Sequence
-from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from typing import Any, NamedTuple
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 REDACTED = "[REDACTED]"
 MIN_SECRET_LENGTH = 8  # shorter strings would redact ordinary words
+# From this length, a string of one kind of character (a random key of letters only) is
+# a credential too; shorter, it could be a word or a number.
+LONG_SECRET_LENGTH = 24
 
 _SECRET_NAME = re.compile(r"key|token|secret|password|passwd|auth|signature|sig$", re.I)
+_SECRET_VARIABLE = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD)$", re.I)
+
+
+def is_secret(value: Any) -> bool:
+    """Whether `value` is redacted wherever it appears (see the module docstring)."""
+    if not isinstance(value, str) or len(value) < MIN_SECRET_LENGTH:
+        return False
+    if len(value) >= LONG_SECRET_LENGTH:
+        return True
+    kinds = {"letter" if c.isalpha() else "digit" if c.isdigit() else "other" for c in value}
+    return len(kinds) >= 2
 
 
 def secrets_from_environment() -> set[str]:
-    """Values of variables that hold keys or tokens (OPENAI_API_KEY, WANDB_API_KEY, ...)."""
-    markers = ("API_KEY", "_TOKEN", "_SECRET", "PASSWORD")
-    return {
-        value
-        for name, value in os.environ.items()
-        if any(marker in name.upper() for marker in markers) and len(value) >= MIN_SECRET_LENGTH
-    }
+    """Credentials in the environment: values of variables named like keys or tokens
+    (OPENAI_API_KEY, HF_TOKEN, PGPASSWORD, ...) and passwords of URLs."""
+    found: set[str] = set()
+    for name, value in os.environ.items():
+        if _SECRET_VARIABLE.search(name):
+            found.add(value)
+        elif "://" in value:
+            found |= secrets_in_url(value)
+    return {value for value in found if is_secret(value)}
 
 
 def secrets_in_url(url: str | None) -> set[str]:
@@ -45,7 +83,8 @@ def secrets_in_url(url: str | None) -> set[str]:
         return set()
     try:
         parts = urlsplit(url)
-        found = {parts.password} if parts.password else set()
+        # As written in the URL (percent-encoded) and as the password it stands for.
+        found = {parts.password, unquote(parts.password)} if parts.password else set()
     except ValueError:
         return set()
     found |= {value for name, value in parse_qsl(parts.query) if _SECRET_NAME.search(name)}
@@ -68,35 +107,97 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
-# Every secret a Redactor of this process was told about (a model's key, a URL's
-# password): log lines and error messages are redacted with them too (`redact_known`).
-_SEEN: set[str] = set()
+# --- what this process knows ----------------------------------------------------------------
+
+
+class _Known(NamedTuple):
+    """The credentials known, grouped by their first characters, each group with the
+    prefix its members share: one search for it tells whether any of them can be in a
+    text (a test process knows many `sk-local-...` keys; a text that holds none is
+    searched once for them all). A group of one is searched for whole (a long needle is
+    found or ruled out faster than its prefix)."""
+
+    secrets: frozenset[str]
+    groups: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+_known = _Known(frozenset(), ())
+_learning = threading.Lock()
+
+
+def _grouped(secrets: frozenset[str]) -> _Known:
+    groups: dict[str, list[str]] = {}
+    for secret in secrets:
+        groups.setdefault(secret[:MIN_SECRET_LENGTH], []).append(secret)
+    return _Known(
+        secrets,
+        tuple((_shared_prefix(found), tuple(found)) for found in groups.values()),
+    )
+
+
+def _shared_prefix(texts: list[str]) -> str:
+    """The longest prefix of all `texts` (that of the first and last in sorted order)."""
+    first, last = min(texts), max(texts)
+    pairs = zip(first, last, strict=False)
+    size = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(first), len(last)))
+    return first[:size]
+
+
+def learn(secrets: Iterable[str | None] = (), *, urls: Iterable[str | None] = ()) -> None:
+    """Know these credentials (and those of these URLs) from now on, in the whole process."""
+    global _known
+    found = {secret for secret in secrets if is_secret(secret)}
+    for url in urls:
+        found |= {secret for secret in secrets_in_url(url) if is_secret(secret)}
+    if found <= _known.secrets:  # the usual case: known already, nothing to take
+        return
+    with _learning:
+        _known = _grouped(_known.secrets | found)
+
+
+def learn_environment() -> None:
+    """Know the credentials the environment holds now (`secrets_from_environment`)."""
+    learn(secrets_from_environment())
+
+
+def known_secrets() -> frozenset[str]:
+    """Every credential this process knows."""
+    return _known.secrets
+
+
+def _in_text(text: str) -> list[str]:
+    """The known credentials that `text` holds, longest first. (A plain loop: this runs
+    for every text written, and most texts hold none.)"""
+    found: list[str] = []
+    for prefix, group in _known.groups:
+        if prefix in text:
+            found += [secret for secret in group if secret in text]
+    if len(found) > 1:  # longest first, so that a key containing another is replaced whole
+        found.sort(key=len, reverse=True)
+    return found
 
 
 class Redactor:
-    """Replaces every known secret in a text with `[REDACTED]`."""
+    """Replaces every credential this process knows with `[REDACTED]`.
+
+    `Redactor(secrets, urls=...)` and `add(...)` learn more credentials (for the whole
+    process, see `learn`); the environment's are learned when a Redactor is made.
+    """
 
     def __init__(self, secrets: Iterable[str | None] = (), *, urls: Iterable[str | None] = ()):
-        found = {s for s in secrets if s and len(s) >= MIN_SECRET_LENGTH}
-        for url in urls:
-            found |= {s for s in secrets_in_url(url) if len(s) >= MIN_SECRET_LENGTH}
-        _SEEN.update(found)
-        found |= secrets_from_environment()
-        # Longest first, so that a key containing another is replaced whole.
-        self._secrets = sorted(found, key=len, reverse=True)
+        learn_environment()
+        learn(secrets, urls=urls)
 
     def add(self, secrets: Iterable[str | None] = (), *, urls: Iterable[str | None] = ()) -> None:
         """Know more secrets from now on (a model's key, when a run or rollout starts)."""
-        merged = Redactor(secrets, urls=urls)._secrets
-        self._secrets = sorted(set(self._secrets) | set(merged), key=len, reverse=True)
+        learn(secrets, urls=urls)
 
     def __bool__(self) -> bool:
-        return bool(self._secrets)
+        return bool(_known.secrets)
 
     def __call__(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, REDACTED)
+        for secret in _in_text(text):
+            text = text.replace(secret, REDACTED)
         return text
 
     # --- text in pieces ----------------------------------------------------------------
@@ -104,7 +205,7 @@ class Redactor:
     def _spans(self, joined: bytes) -> list[tuple[int, int]]:
         """The byte ranges of `joined` that hold a secret, merged where they overlap."""
         found = []
-        for secret in self._secrets:
+        for secret in _in_text(joined.decode(errors="replace")):
             needle = secret.encode()
             start = joined.find(needle)
             while start >= 0:
@@ -121,7 +222,7 @@ class Redactor:
     def _rewrite(self, pieces: Sequence[bytes]) -> dict[int, bytes]:
         """{index: new bytes} of the pieces that hold part of a secret (none: {})."""
         joined = b"".join(pieces)
-        spans = self._spans(joined) if self._secrets else []
+        spans = self._spans(joined) if _known.secrets else []
         if not spans:
             return {}
         rewritten: dict[int, bytes] = {}
@@ -180,7 +281,7 @@ class Redactor:
 
     def _may_spell_secret(self, entries: Sequence[dict[str, Any]]) -> bool:
         """A quick look at the tokens' joined text (most answers spell no secret)."""
-        if not self._secrets:
+        if not _known.secrets:
             return False
         try:
             joined = "".join([entry["token"] for entry in entries])
@@ -188,7 +289,7 @@ class Redactor:
             return True  # unusual entries: look at them closely
         if "token_id:" in joined:
             return True  # vLLM's `token_id:N` tokens: their text is in their bytes only
-        return any(secret in joined for secret in self._secrets)
+        return bool(_in_text(joined))
 
 
 def _token_bytes(entry: Any) -> bytes:
@@ -205,9 +306,9 @@ def _token_bytes(entry: Any) -> bytes:
 
 
 def redact_known(text: str) -> str:
-    """`text` without any secret this process knows: key-like environment variables and
-    every key or password a Redactor was given. For log lines and error messages."""
-    return Redactor(_SEEN)(text)
+    """`text` without any credential this process knows (the environment's read again).
+    For log lines and error messages."""
+    return Redactor()(text)
 
 
 class RedactingFilter(logging.Filter):

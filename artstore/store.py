@@ -21,6 +21,7 @@ from artstore.collector import collector_paused
 from artstore.errors import DatabaseUnavailableError, NotFoundError
 from artstore.eventstore.database import Database, connect, translate_error
 from artstore.eventstore.store import EventStore
+from artstore.redaction import learn
 from artstore.schema import migrate
 from artstore.schema import tables as t
 from artstore.urls import resolve_url
@@ -201,6 +202,7 @@ async def open_store(
     for reading, and nothing is created; an artstore store is still migrated.
     """
     resolved = resolve_url(url, create_folder=create and not read_only)
+    learn(urls=[resolved.render_as_string(hide_password=False)])  # its password, if any
     if not create and not read_only:
         _require_sqlite_file(resolved)
     database = connect(resolved, read_only=read_only)
@@ -215,7 +217,10 @@ async def open_store(
         raise
     if read_only:  # it never appends: no projector (LangChain and the projections stay unloaded)
         return Store(database)
+    from artstore.capture import credentials
     from artstore.projections import SideBySide, project, projected_types  # not for `--help`
+
+    credentials.install()  # a store that writes learns the keys of the requests sent from now
 
     types = projected_types()
     return Store(database, projector=project, projected_types=types, side_by_side=SideBySide(types))

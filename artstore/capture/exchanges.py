@@ -333,6 +333,30 @@ def redact_response(
     return document
 
 
+def redact_choice(choice: dict[str, Any], redactor: Redactor, *, prompt_held_secret: bool) -> bool:
+    """A dumped `Choice` (of a trajectory a loop built) without the secrets its tokens
+    spell, nor the server's token ids that spell them; True if it held a secret."""
+    held = bool(redactor) and _redact_choice(choice, redactor)
+    if held:
+        choice.pop("token_ids", None)
+    if prompt_held_secret:
+        choice.pop("prompt_token_ids", None)
+    return held
+
+
+def redact_exchanges(exchanges: dict[str, Any], redactor: Redactor) -> None:
+    """ART's dumped `Trajectory.exchanges`, each response as `redact_response` leaves it."""
+    if not redactor:
+        return
+    for captured in exchanges.values():
+        for exchange in captured if isinstance(captured, list) else []:
+            if not isinstance(exchange, dict) or not isinstance(exchange.get("response"), dict):
+                continue
+            request = blob_json(exchange.get("request"))
+            held = redactor(request) != request
+            redact_response({"json": exchange["response"]}, redactor, prompt_held_secret=held)
+
+
 def _drop_prompt_ids(body: dict[str, Any]) -> None:
     body.pop("prompt_token_ids", None)
     for choice in body.get("choices") or []:

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from artstore import art_versions
+from artstore.capture import credentials
 from artstore.capture import exchanges as docs
 from artstore.errors import NoRolloutError
 from artstore.events import LLMCall, new_id
@@ -101,6 +102,7 @@ def install() -> None:
     with _install_lock:
         if _installed:
             return
+        credentials.install()  # the keys of every request learned before it is sent
         art_versions.install_art_capture()  # ART's hooks first: ours go around them
         art_versions.mark_art_client_calls(_ART_CLIENT)
         _hook_httpx()

@@ -176,9 +176,9 @@ class EventStore:
         self._commit_now = False  # set by `append` around its call of `append_nowait`
         self._last_turn = 0.0  # when `append` last let the event loop take a turn
         self._events_since_statistics = 0
-        # The last guard of invariant 7: every payload is checked for the secrets known
-        # here (key-like environment variables, and the keys of the models in use) and
-        # rewritten before it is queued, whatever layer made the event.
+        # The last guard of invariant 7: every payload is checked for the credentials the
+        # process knows (artstore.redaction) and rewritten before it is queued, whatever
+        # layer made the event.
         self.redact = Redactor()
         self._write: Writer | None = None if database.read_only else database.writer()
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from artstore.art_versions import has_exchange_data
+from artstore.capture.exchanges import redact_choice, redact_exchanges
 from artstore.capture.rollout import rollout_stream, to_json_value
 from artstore.errors import ConfigurationError, InvalidEventError
 from artstore.events import (
@@ -86,10 +87,15 @@ class Blobs(dict[str, str]):
         self.redact = redact
 
     def add(self, value: Any, what: str) -> str:
-        body = self.redact(ordered_json(value, what))
+        return self.add_checked(value, what)[0]
+
+    def add_checked(self, value: Any, what: str) -> tuple[str, bool]:
+        """The blob's hash, and whether the value held a secret (redacted in the blob)."""
+        text = ordered_json(value, what)
+        body = self.redact(text)
         digest = blob_hash(body)
         self[digest] = body
-        return digest
+        return digest, body != text
 
 
 def _item(item: Any, where: str) -> tuple[Any, bool]:
@@ -108,11 +114,15 @@ def _item(item: Any, where: str) -> tuple[Any, bool]:
 
 def _history(items: Sequence[Any], tools: Any, blobs: Blobs, where: str) -> ImportedHistory:
     hashes, choices = [], []
+    held = False  # an item so far held a secret: the prompt token ids of later choices spell it
     for index, item in enumerate(items):
         value, is_choice = _item(item, f"{where}[{index}]")
-        hashes.append(blobs.add(value, f"{where}[{index}]"))
-        if is_choice:
+        if is_choice:  # a secret the model spelled over its tokens: see artstore.redaction
+            held = redact_choice(value, blobs.redact, prompt_held_secret=held) or held
             choices.append(index)
+        digest, redacted = blobs.add_checked(value, f"{where}[{index}]")
+        hashes.append(digest)
+        held = held or redacted
     return ImportedHistory(
         items=hashes,
         choices=choices,
@@ -142,9 +152,9 @@ def trajectory_event(
     ]
     exchanges = None
     if has_exchange_data(trajectory):
-        exchanges = blobs.add(
-            trajectory.exchanges.model_dump(mode="json", warnings=False), f"{where}, exchanges"
-        )
+        dumped = trajectory.exchanges.model_dump(mode="json", warnings=False)
+        redact_exchanges(dumped, blobs.redact)
+        exchanges = blobs.add(dumped, f"{where}, exchanges")
     details = {
         "metrics": dict(trajectory.metrics),
         "metadata": own_metadata(trajectory.metadata),
