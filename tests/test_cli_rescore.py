@@ -90,6 +90,10 @@ def test_rescore_records_a_new_scorer_and_keeps_the_old_one(database_url, traine
     shown = cli(
         "show", trained.run, "--section", "rewards", "--format", "json", "--url", database_url
     )
+    resumed = cli(  # without --again: nothing left to score
+        "rescore", trained.run, "--reward", f"{module}:by_length", "--scorer", "length",
+        "--url", database_url,
+    )  # fmt: skip
 
     assert table.exit_code == 0, table.output
     assert "length mean" in table.stdout and "reward mean" in table.stdout
@@ -109,6 +113,11 @@ def test_rescore_records_a_new_scorer_and_keeps_the_old_one(database_url, traine
     scorers = {row["scorer"]: row for row in json.loads(shown.stdout)}
     assert scorers["reward"]["events"] == 4 and scorers["reward"]["rescored_events"] == 0
     assert scorers["length"]["events"] == 8 and scorers["length"]["rescored_events"] == 8
+    assert resumed.exit_code == 0, resumed.output
+    assert "no group left to score as 'length'" in resumed.stdout
+    assert "4 groups scored as 'length' before were left as they are (--again" in " ".join(
+        resumed.stdout.split()
+    )
 
 
 def test_a_reward_function_that_raises_names_the_group(database_url, trained, tmp_path):

@@ -102,7 +102,13 @@ def rescore(
             if g["group_id"] in chosen
         ]
 
-    rows = run(work)
+    _show(run(work), output, run_name, scorer, skipped)
+
+
+def _show(
+    rows: list[dict[str, Any]], output: OutputFormat, run_name: str, scorer: str, skipped: list
+) -> None:
+    """The groups scored, and in a table what was left and what to do next."""
     print_rows(
         rows,
         output,
@@ -114,15 +120,16 @@ def rescore(
         },
         empty=f"no group left to score as {scorer!r}" if skipped else "no group to score",
     )
-    if output is OutputFormat.table:
-        left = (
-            f"; {len(skipped)} groups scored as {scorer!r} before were left as they are "
-            "(--again scores them again)"
-            if skipped
-            else ""
-        )
-        console.print(
-            f"re-scored {len(rows)} groups of {run_name} as {scorer!r}{left}; train on them "
-            f"with `artstore replay {run_name} --scorer {scorer} --model NEW_NAME --backend ...`",
-            highlight=False,
-        )
+    if output is not OutputFormat.table:
+        return
+    left = (
+        f"; {len(skipped)} groups scored as {scorer!r} before were left as they are "
+        "(--again scores them again)"
+        if skipped
+        else ""
+    )
+    console.print(
+        f"re-scored {len(rows)} groups of {run_name} as {scorer!r}{left}; train on them "
+        f"with `artstore replay {run_name} --scorer {scorer} --model NEW_NAME --backend ...`",
+        highlight=False,
+    )

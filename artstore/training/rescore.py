@@ -102,22 +102,8 @@ async def rescore(
     if not callable(reward_function):
         raise ConfigurationError(f"the reward function {reward_function!r} is not callable")
     info = await run_info(store, run)
-    async with store.database.read() as connection:
-        in_run = [
-            row.group_id
-            for row in await connection.execute(
-                select(t.groups.c.group_id)
-                .where(t.groups.c.run == run)
-                .order_by(t.groups.c.batch, t.groups.c.scenario_index, t.groups.c.position)
-            )
-        ]
-    if group_ids is None:
-        group_ids = in_run
-    else:
-        unknown = [g for g in group_ids if g not in set(in_run)]
-        if unknown:
-            raise NotFoundError(f"group {unknown[0]} is not a sealed group of run {run!r}")
-    sealed = await sealed_groups(store, list(group_ids))
+    group_ids = await _groups_of_run(store, run, group_ids)
+    sealed = await sealed_groups(store, group_ids)
     todo = [g for g in group_ids if g in sealed and sealed[g].rollout_ids]
     if not again:
         done_before = await _scored_groups(store, {g: sealed[g] for g in todo}, scorer)
@@ -158,6 +144,26 @@ async def rescore(
         first.add_note(summary)
         raise first
     return done
+
+
+async def _groups_of_run(store: Store, run: str, group_ids: Sequence[str] | None) -> list[str]:
+    """`group_ids`, each checked to be a sealed group of `run`; when None, all of them in
+    the run's order."""
+    async with store.database.read() as connection:
+        in_run = [
+            row.group_id
+            for row in await connection.execute(
+                select(t.groups.c.group_id)
+                .where(t.groups.c.run == run)
+                .order_by(t.groups.c.batch, t.groups.c.scenario_index, t.groups.c.position)
+            )
+        ]
+    if group_ids is None:
+        return in_run
+    unknown = [g for g in group_ids if g not in set(in_run)]
+    if unknown:
+        raise NotFoundError(f"group {unknown[0]} is not a sealed group of run {run!r}")
+    return list(group_ids)
 
 
 async def _score_group(
