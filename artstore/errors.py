@@ -17,11 +17,17 @@ class ConfigurationError(ArtstoreError, ValueError):
 
 
 class DatabaseUnavailableError(ArtstoreError):
-    """The database cannot be reached or opened."""
+    """The database cannot be reached or opened, or cannot be used now (see below)."""
 
 
 class LockTimeoutError(DatabaseUnavailableError):
     """A lock another session holds was waited for longer than the database allows."""
+
+
+class PoolTimeoutError(DatabaseUnavailableError):
+    """No connection of this process's pool came free in time: the database answered,
+    this process had more work at once than connections (a pool configured with a
+    deadline; artstore's own pools wait as long as it takes)."""
 
 
 class StorageFullError(ArtstoreError):

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
+from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import pytest
+from mixed_run import record_interleaved
 from recorded_run import RUN, record_run
 from trained_run import (
     cli,
@@ -21,6 +27,7 @@ from trained_run import (
     train_run_sync,
 )
 
+from artstore.analysis import query
 from artstore.testing.inference_server import LocalInferenceServer
 from artstore.training.groups import group_rollouts
 
@@ -74,6 +81,7 @@ def test_rescore_records_a_new_scorer_and_keeps_the_old_one(database_url, traine
         f"{module}:by_length",
         "--scorer",
         "length",
+        "--again",
         "--format",
         "json",
         "--url",
@@ -82,6 +90,10 @@ def test_rescore_records_a_new_scorer_and_keeps_the_old_one(database_url, traine
     shown = cli(
         "show", trained.run, "--section", "rewards", "--format", "json", "--url", database_url
     )
+    resumed = cli(  # without --again: nothing left to score
+        "rescore", trained.run, "--reward", f"{module}:by_length", "--scorer", "length",
+        "--url", database_url,
+    )  # fmt: skip
 
     assert table.exit_code == 0, table.output
     assert "length mean" in table.stdout and "reward mean" in table.stdout
@@ -101,6 +113,11 @@ def test_rescore_records_a_new_scorer_and_keeps_the_old_one(database_url, traine
     scorers = {row["scorer"]: row for row in json.loads(shown.stdout)}
     assert scorers["reward"]["events"] == 4 and scorers["reward"]["rescored_events"] == 0
     assert scorers["length"]["events"] == 8 and scorers["length"]["rescored_events"] == 8
+    assert resumed.exit_code == 0, resumed.output
+    assert "no group left to score as 'length'" in resumed.stdout
+    assert "4 groups scored as 'length' before were left as they are (--again" in " ".join(
+        resumed.stdout.split()
+    )
 
 
 def test_a_reward_function_that_raises_names_the_group(database_url, trained, tmp_path):
@@ -141,7 +158,6 @@ def test_a_reward_function_that_raises_names_the_group(database_url, trained, tm
         "artstore.demo:strict_reward",
         "--scorer",
         "flaky",
-        "--only-missing",
         "--format",
         "json",
         "--url",
@@ -149,6 +165,80 @@ def test_a_reward_function_that_raises_names_the_group(database_url, trained, tm
     )
     assert finish.exit_code == 0, finish.output
     assert [row["group_id"] for row in json.loads(finish.stdout)] == trained.group_ids[1:]
+
+
+# A judge that scores the first FREE groups of its process at once and makes the others
+# wait until the gate file exists; each call that returns writes its group's question to
+# the calls file (a reward function may be an LLM judge that costs money: count them).
+COUNTED_JUDGE = """
+import asyncio, os, pathlib
+
+CALLS = pathlib.Path(os.environ["JUDGE_CALLS"])
+GATE = pathlib.Path(os.environ["JUDGE_GATE"])
+FREE = int(os.environ["JUDGE_FREE"])
+started = 0
+
+
+async def judge(scenario, results, trajectories):
+    global started
+    started += 1
+    if started > FREE:
+        while not GATE.exists():
+            await asyncio.sleep(0.05)
+    with CALLS.open("a") as calls:
+        calls.write(scenario["question"] + "\\n")
+    return [0.25] * len(trajectories)
+"""
+
+
+async def judged(store) -> dict[str, int]:
+    """How many rewards by "counted" each rollout has, as v_rewards shows them."""
+    rows = await query(
+        store,
+        "SELECT rollout_id, count(*) FROM v_rewards WHERE scorer = 'counted' GROUP BY rollout_id",
+    )
+    return dict(rows.rows)
+
+
+def test_a_rescore_killed_midway_resumes_and_scores_each_group_once(
+    database_url, tmp_path, monkeypatch
+):
+    group_ids = in_store(database_url, lambda s: record_interleaved(s, seed=3, groups=8, size=2))
+    module = reward_module(tmp_path, COUNTED_JUDGE)
+    calls, gate = tmp_path / "calls.txt", tmp_path / "gate"
+    for name, value in (("JUDGE_CALLS", calls), ("JUDGE_GATE", gate), ("JUDGE_FREE", 3)):
+        monkeypatch.setenv(name, str(value))
+    rescore = ["rescore", "mixed", "--reward", f"{module}:judge", "--scorer", "counted"]
+    output = tmp_path / "first.out"
+    with output.open("w") as out:
+        first = subprocess.Popen(
+            [str(Path(sys.executable).with_name("artstore")), *rescore, "--url", database_url],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 300
+        while len(in_store(database_url, judged)) < 3 * 2:  # three groups of two recorded
+            assert first.poll() is None, output.read_text()
+            assert time.monotonic() < deadline, "three groups were not scored in 5 minutes"
+            time.sleep(0.2)
+    finally:
+        first.send_signal(signal.SIGKILL)  # midway: the other groups wait for the judge
+        first.wait()
+    assert first.returncode == -signal.SIGKILL
+    scored_first = in_store(database_url, judged)
+
+    gate.touch()
+    second = cli(*rescore, "--format", "json", "--url", database_url)
+
+    assert second.exit_code == 0, second.output
+    resumed = [row["group_id"] for row in json.loads(second.stdout)]
+    assert resumed == [g for g in group_ids if f"{g}r0" not in scored_first]
+    assert len(resumed) == 5
+    # Each group went to the judge once, and each rollout has one reward by it.
+    questions = sorted(calls.read_text().split())
+    assert questions == sorted(f"q{number}" for number in range(len(group_ids)))
+    assert in_store(database_url, judged) == {f"{g}r{n}": 1 for g in group_ids for n in (0, 1)}
 
 
 MALFORMED_REWARDS = [

@@ -61,7 +61,9 @@ async def test_rescoring_appends_and_keeps_every_earlier_score(store, tmp_path):
     first = await reward_rows(store, "reward")
 
     await artstore.rescore(store, trained.run, strict_reward, "strict")
-    await artstore.rescore(store, trained.run, lambda s, r, tr: [0.5] * len(tr), "strict")
+    await artstore.rescore(
+        store, trained.run, lambda s, r, tr: [0.5] * len(tr), "strict", again=True
+    )
 
     assert await reward_rows(store, "reward") == first  # untouched
     strict = await reward_rows(store, "strict")
@@ -130,10 +132,8 @@ async def test_a_failing_reward_function_names_the_group_and_keeps_the_groups_be
     assert per_group == {trained.group_ids[0]: 3, trained.group_ids[1]: 3}
     assert len(calls) == 3  # no group was started after the failure
 
-    # Finishing the job scores only what is missing.
-    done = await artstore.rescore(
-        store, trained.run, lambda s, r, tr: [0.0] * len(tr), "flaky", only_missing=True
-    )
+    # Running it again finishes the job: it scores only what is missing.
+    done = await artstore.rescore(store, trained.run, lambda s, r, tr: [0.0] * len(tr), "flaky")
     assert done == trained.group_ids[2:]
     assert await latest_rewards(store, trained.group_ids[0], "flaky") == [1.0, 1.0, 1.0]
 

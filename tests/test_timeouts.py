@@ -3,8 +3,9 @@
 A real process takes the store's append lock and is stopped with SIGSTOP while it holds
 it. The server ends its session once it has been idle in its transaction longer than
 `idle_in_transaction_session_timeout`, which releases the lock, and the other writers go
-on; a writer that waits longer than `lock_timeout` gets a clear error instead of hanging.
-The timeouts are shortened here through the URL's libpq `options`.
+on. Locks have no deadline by default (a holder that works is waited for, however slowly);
+a `lock_timeout` set in the URL gives a clear error instead of a wait. The timeouts are
+shortened here through the URL's libpq `options`.
 """
 
 from __future__ import annotations
@@ -95,7 +96,11 @@ async def test_every_session_has_its_timeouts(postgres_url):
         async with store.database.read() as connection:
             settings = {
                 name: (await connection.execute(text(f"SHOW {name}"))).scalar()
-                for name in ("lock_timeout", "idle_in_transaction_session_timeout")
+                for name in (
+                    "lock_timeout",
+                    "idle_in_transaction_session_timeout",
+                    "statement_timeout",
+                )
             }
             writer = await connection.execute(
                 text(
@@ -104,7 +109,20 @@ async def test_every_session_has_its_timeouts(postgres_url):
                 )
             )
             assert writer.scalar() >= 1
-    assert settings == {"lock_timeout": "2min", "idle_in_transaction_session_timeout": "10min"}
+        async with store.database.writer_engine.connect() as connection:  # as the writer's
+            shown = [
+                (await connection.execute(text(f"SHOW {name}"))).scalar()
+                for name in ("lock_timeout", "idle_in_transaction_session_timeout")
+            ]
+            assert shown == ["0", "15s"]
+            assert (await connection.execute(text("SHOW statement_timeout"))).scalar() == "0"
+    # A lock or a statement is waited for as long as it takes; a session idle in its
+    # transaction is ended.
+    assert settings == {
+        "lock_timeout": "0",
+        "idle_in_transaction_session_timeout": "10min",
+        "statement_timeout": "0",
+    }
     url = with_options(postgres_url, lock_timeout="5s")
     async with await artstore.open_store(url) as store:
         async with store.database.read() as connection:

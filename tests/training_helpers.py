@@ -116,8 +116,9 @@ async def rows(store: Any, table: Any, *where: Any) -> list[Any]:
 
 
 async def projections(store: Any) -> dict[str, list[tuple]]:
-    """Every projection row, order-free, without surrogate ids (a rebuild renumbers them):
-    a reference to a train step's id is shown as the step it names (run, model, step_before)."""
+    """Every projection row, order-free, without surrogate ids: a reference to a train
+    step's id is shown as the step it names (run, model, step_before). (A rebuild gives
+    the ids back as they were; tests/test_deterministic_projections.py compares them.)"""
     found = {}
     steps = t.train_steps
     for table in t.PROJECTION_TABLES:

@@ -38,10 +38,12 @@ def rescore(
         list[str] | None,
         typer.Option("--group", metavar="GROUP_ID", help="Only this group (repeatable)."),
     ] = None,
-    only_missing: Annotated[
+    again: Annotated[
         bool,
         typer.Option(
-            "--only-missing", help="Skip groups this scorer has scored (finish a stopped run)."
+            "--again",
+            help="Score again the groups SCORER has scored already (by default they are "
+            "left as they are, so that running the command again finishes a stopped one).",
         ),
     ] = False,
     concurrency: Annotated[
@@ -54,8 +56,10 @@ def rescore(
 
     The function gets the stored scenario, the agents' stored results and the projected
     trajectories; no agent runs. The rewards are appended: earlier scores stay, and a
-    failure keeps the groups scored before it.
+    failure keeps the groups scored before it. Groups SCORER has scored already are left
+    as they are unless --again: run it again to finish a re-scoring that stopped.
     """
+    skipped: list[str] = []
 
     async def work() -> list[dict[str, Any]]:
         import artstore
@@ -76,9 +80,10 @@ def rescore(
                     scorer,
                     group_ids=group,
                     concurrency=concurrency,
-                    only_missing=only_missing,
+                    again=again,
                     on_start=advance.total,
                     on_group=lambda _: advance(),
+                    on_skipped=skipped.extend,
                 )
             groups = (await describe_run(store, run_name))["groups"]
         chosen = set(scored)
@@ -97,7 +102,13 @@ def rescore(
             if g["group_id"] in chosen
         ]
 
-    rows = run(work)
+    _show(run(work), output, run_name, scorer, skipped)
+
+
+def _show(
+    rows: list[dict[str, Any]], output: OutputFormat, run_name: str, scorer: str, skipped: list
+) -> None:
+    """The groups scored, and in a table what was left and what to do next."""
     print_rows(
         rows,
         output,
@@ -107,11 +118,18 @@ def rescore(
             "reward_mean": f"{scorer} mean",
             "run_reward_mean": f"{rows[0]['run_scorer']} mean" if rows else "run scorer mean",
         },
-        empty="no group to score",
+        empty=f"no group left to score as {scorer!r}" if skipped else "no group to score",
     )
-    if output is OutputFormat.table:
-        console.print(
-            f"re-scored {len(rows)} groups of {run_name} as {scorer!r}; train on them with "
-            f"`artstore replay {run_name} --scorer {scorer} --model NEW_NAME --backend ...`",
-            highlight=False,
-        )
+    if output is not OutputFormat.table:
+        return
+    left = (
+        f"; {len(skipped)} groups scored as {scorer!r} before were left as they are "
+        "(--again scores them again)"
+        if skipped
+        else ""
+    )
+    console.print(
+        f"re-scored {len(rows)} groups of {run_name} as {scorer!r}{left}; train on them "
+        f"with `artstore replay {run_name} --scorer {scorer} --model NEW_NAME --backend ...`",
+        highlight=False,
+    )

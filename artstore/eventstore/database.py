@@ -23,6 +23,7 @@ from typing import Any, ClassVar, TypeVar
 from sqlalchemy import Table, text
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from artstore.errors import (
@@ -31,6 +32,7 @@ from artstore.errors import (
     GroupAlreadyConsumedError,
     ImmutableEventError,
     LockTimeoutError,
+    PoolTimeoutError,
     ReadOnlyStoreError,
     StorageFullError,
 )
@@ -170,10 +172,24 @@ class Database:
         try:
             return await engine.connect()
         except Exception as exc:  # a refused login, a server gone, a socket error
-            message = str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__
-            raise DatabaseUnavailableError(
-                f"cannot reach the database at {self.display_url}: {message.splitlines()[0]}"
-            ) from exc
+            raise self.connection_error(exc, engine) from exc
+
+    def connection_error(self, exc: Exception, engine: AsyncEngine) -> Exception:
+        """What not getting a connection of `engine` means, by the exception's type: a
+        pool that had none free in time is not a database out of reach."""
+        if isinstance(exc, PoolTimeout):  # only a QueuePool raises it
+            pool: Any = engine.pool
+            return PoolTimeoutError(
+                f"waited {pool.timeout():g} s for one of this process's {pool.size()} "
+                f"connections to the database at {self.display_url}: all were in use by "
+                "its other work (the database answered)"
+            )
+        if isinstance(exc, DatabaseUnavailableError):
+            return exc
+        message = str(getattr(exc, "orig", None) or exc).strip() or type(exc).__name__
+        return DatabaseUnavailableError(
+            f"cannot reach the database at {self.display_url}: {message.splitlines()[0]}"
+        )
 
     async def run_write(
         self,
@@ -184,6 +200,8 @@ class Database:
         try:
             async with self.write(connection) as active:
                 return await work(active)
+        except PoolTimeout as exc:
+            raise self.connection_error(exc, self.write_engine) from exc
         except DBAPIError as exc:
             translated = translate_error(exc, self)
             if translated is exc:
@@ -197,10 +215,7 @@ class Database:
         except DatabaseUnavailableError:  # said already, by open_connection
             raise
         except Exception as exc:  # any driver or socket error means the same to the user
-            raise DatabaseUnavailableError(
-                f"cannot reach the database at {self.display_url}: "
-                f"{str(getattr(exc, 'orig', None) or exc).strip() or type(exc).__name__}"
-            ) from None
+            raise self.connection_error(exc, self.read_engine) from None
 
     async def dispose(self) -> None:
         await self.write_engine.dispose()

@@ -12,8 +12,12 @@ append in flight. Trainers hold a session-level advisory lock per model, which t
 releases when their connection dies.
 
 Every session has timeouts, so that a stuck or stopped process cannot freeze the others:
-a lock is waited for `lock_timeout` at most, and a session left idle inside a transaction
-(a process stopped while it held the append lock) is ended by the server. The URL's
+a session left idle inside a transaction (a process stopped while it held the append
+lock) is ended by the server, which releases its locks, and a peer gone from the network
+is noticed by TCP keepalives. Nothing else has a deadline: a lock held by a session that
+works (a rebuild of the projections, a migration) is waited for as long as it works, and
+a pooled connection as long as this process's other work holds them all, so that a slow
+machine makes a command slow, never makes it fail. The URL's
 standard libpq parameters (`sslmode`, `connect_timeout`, `application_name`, `options`)
 are translated for asyncpg; `options=-c name=value` also overrides artstore's defaults.
 """
@@ -62,9 +66,9 @@ READ_COMMITTED = "READ COMMITTED"
 
 # Every session's defaults (the URL's `options=-c name=value` wins over them).
 SESSION_SETTINGS = {
-    # A lock (the append lock, a row) is waited for at most this long, then the statement
-    # fails with a clear error instead of hanging behind a stuck holder.
-    "lock_timeout": "120s",
+    # No `lock_timeout`: a lock (the append lock, a row) is waited for while its holder
+    # works, however slowly; a holder that stopped is ended by the idle timeout below,
+    # one gone from the network by the keepalives. (The URL may still set one.)
     # A session idle inside a transaction (its process stopped, or stuck) is ended by
     # the server, which releases its locks.
     "idle_in_transaction_session_timeout": "10min",
@@ -73,14 +77,15 @@ SESSION_SETTINGS = {
     "tcp_keepalives_interval": "10",
     "tcp_keepalives_count": "6",
 }
-# The store's writer: its transactions are short and machine-driven, so tighter. The
-# idle timeout is far below `lock_timeout`: a writer stopped while it holds the append
-# lock (and, for a worker's rollout, the rows of its claim) holds up every writer until
-# the server ends its session, and the others must not give up waiting first.
+# The store's writer: its transactions are machine-driven, so its idle timeout is tighter:
+# a writer stopped while it holds the append lock (and, for a worker's rollout, the rows
+# of its claim) holds up every writer until the server ends its session. A session ended
+# so under a writer that was only slow costs a retry, not an append: the writer writes
+# the batch again, append by append, on a new connection. No `statement_timeout`: a
+# statement waiting for the append lock behind a long rebuild is not stuck.
 WRITER_SETTINGS = {
     **SESSION_SETTINGS,
     "idle_in_transaction_session_timeout": "15s",
-    "statement_timeout": "300s",
     # JIT compiling takes 40-140 ms a statement once the planner's estimate passes
     # jit_above_cost, which a batch's lookups of hundreds of streams do before ANALYZE has
     # run (artstore/eventstore/streams.py); it never pays for these short statements.
@@ -133,6 +138,10 @@ class PostgresDatabase(Database):
             isolation_level=READ_COMMITTED,
             pool_size=8,
             max_overflow=8,
+            # A connection is waited for as long as this process's other work holds them
+            # all (SQLAlchemy's default gives up after 30 s): the pool bounds how many
+            # connections a process opens on a shared server, not how long work may take.
+            pool_timeout=None,
             # A pooled connection the server dropped (a restart, a network cut, a session
             # ended by a timeout) is replaced when taken, rather than failing a read.
             pool_pre_ping=True,
@@ -153,6 +162,7 @@ class PostgresDatabase(Database):
             bare,
             pool_size=4,
             max_overflow=4,
+            pool_timeout=None,  # as above
             pool_pre_ping=True,
             json_serializer=serialize,
             connect_args={**connect_args, "server_settings": settings},

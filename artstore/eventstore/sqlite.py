@@ -29,6 +29,7 @@ from urllib.parse import quote
 from sqlalchemy import Table, event, select
 from sqlalchemy.engine import URL, Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
@@ -36,6 +37,10 @@ from artstore.errors import NotFoundError
 from artstore.eventstore.blobs import serialize
 from artstore.eventstore.database import Database, Writer, translate_error
 
+# How long SQLite itself waits for another process's write lock before it says "busy";
+# a write then tries again, for as long as it takes: the lock's holder is a live process
+# at work (the kernel releases a dead one's locks), so a slow one makes us slow, never
+# failed.
 SQLITE_BUSY_TIMEOUT_S = 60.0
 # A write transaction of at most this many events runs on the event loop's thread when
 # the file's write lock is free at once: a hop to the writer thread and back costs more
@@ -97,28 +102,28 @@ class SQLiteDatabase(Database):
         connection: AsyncConnection | None = None,
     ) -> T:
         """Run `work` in one write transaction, retrying while another process holds the file."""
-        deadline = asyncio.get_running_loop().time() + SQLITE_BUSY_TIMEOUT_S
         delay = 0.005
         while True:
             try:
                 async with self.write(connection) as active:
                     return await work(active)
+            except PoolTimeout as exc:
+                raise self.connection_error(exc, self.write_engine) from exc
             except OperationalError as exc:
-                if not is_busy(exc) or asyncio.get_running_loop().time() > deadline:
+                if not is_busy(exc):
                     raise translate_error(exc, self) from exc
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.25)
 
     def run_write_sync(self, connection: Connection, work: Callable[[Connection], T]) -> T:
         """`run_write` for the writer thread: one transaction, retried while busy."""
-        deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
         delay = 0.005
         while True:
             try:
                 with connection.begin():
                     return work(connection)
             except OperationalError as exc:
-                if not is_busy(exc) or time.monotonic() > deadline:
+                if not is_busy(exc):
                     raise translate_error(exc, self) from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.25)
@@ -297,13 +302,12 @@ class SQLiteWriter(Writer):
     def _insert_waiting(self, rows: list[dict[str, Any]]) -> list[int]:
         connection = self._connect()
         self._busy_timeout(connection, SQLITE_BUSY_TIMEOUT_S)
-        deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
         delay = 0.005
         while True:
             try:
                 return self._insert_committed(connection, rows)
             except OperationalError as exc:
-                if not is_busy(exc) or time.monotonic() > deadline:
+                if not is_busy(exc):
                     raise translate_error(exc, self.database) from exc
                 time.sleep(delay)
                 delay = min(delay * 2, 0.25)
@@ -410,6 +414,9 @@ def _pooled_engine(url: URL, *, pool_size: int, begin: str) -> AsyncEngine:
         url,
         pool_size=pool_size,
         max_overflow=0,
+        # A connection is waited for as long as this process's other work holds them all
+        # (SQLAlchemy's default gives up after 30 s, which a loaded machine reached).
+        pool_timeout=None,
         json_serializer=serialize,
         connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
     )
@@ -491,6 +498,7 @@ def _read_only_engine(url: URL) -> AsyncEngine:
         uri,
         pool_size=4,
         max_overflow=0,
+        pool_timeout=None,  # as `_pooled_engine`
         json_serializer=serialize,
         connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
     )

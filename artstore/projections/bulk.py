@@ -12,7 +12,8 @@ projected (its handler may read what these wrote) and at the end of the transact
 What ends in the tables is what projecting the events one by one in order wrote:
 
 - a rollout started in the batch is inserted with its calls' counters and totals, its
-  end and its group already applied; one started earlier gets them as UPDATEs;
+  end and its group already applied; one started earlier gets them as UPDATEs, one per
+  call in position order;
 - a call that supersedes another deletes it at once (from the buffer or the table) and
   its rollout's totals are summed again from `llm_calls` after the flush;
 - a group that names members started earlier fills their missing group and run at once,
@@ -23,6 +24,13 @@ What ends in the tables is what projecting the events one by one in order wrote:
   rollout had finished when the event came, gives its messages, as a handler of its own
   did before, one event at a time (a flush of everything before it, an UPDATE, a blob read
   and an INSERT per rollout).
+
+The tables are the same however the events are cut into batches (live transactions of
+any size, pages of a rebuild): a rollout's float total (`llm_latency_s`) is its calls'
+latencies added one at a time in position order, each to the total before it, never a
+batch's subtotal added to the stored total (floats added in another grouping differ in
+their last bits); `rewards` rows are numbered by the projection, not by a sequence, so
+that a rebuild gives them the same ids.
 """
 
 from __future__ import annotations
@@ -189,6 +197,11 @@ class CallTotals:
         self.llm_latency_s = _add(self.llm_latency_s, row["latency_s"])
 
 
+def _bound(totals: CallTotals) -> dict[str, Any]:
+    """The totals as the parameters of `_ADD_TOTALS`."""
+    return {f"b_{name}": value for name, value in vars(totals).items()}
+
+
 TOTALS = ("prompt_tokens", "completion_tokens", "total_tokens", "llm_latency_s")
 
 # Compiled once per database by `execute_many` (a statement is its cache key).
@@ -247,23 +260,33 @@ _FINISH = (
 
 
 def _summed_again(connection: Connection, rollout_ids: list[str]) -> None:
-    """Totals of these rollouts summed from their rows in `llm_calls` (after a supersede)."""
+    """Totals of these rollouts summed from their rows in `llm_calls` (after a supersede),
+    in position order as the calls came (not SQL's sum(), whose order is the plan's)."""
     c = t.llm_calls
+    columns = [c.c[name.removeprefix("llm_")] for name in TOTALS]
     for rollout_id in rollout_ids:
-        mine = c.c.rollout_id == rollout_id
-        sums = {
-            name: select(func.sum(c.c[name.removeprefix("llm_")])).where(mine).scalar_subquery()
-            for name in TOTALS
-        }
-        tool_calls = sum(
-            len(calls or ())
-            for calls in connection.execute(select(c.c.tool_calls).where(mine)).scalars()
-        )
+        calls = connection.execute(
+            select(c.c.tool_calls, *columns)
+            .where(c.c.rollout_id == rollout_id)
+            .order_by(c.c.position)
+        ).mappings()
+        totals = CallTotals()
+        for call in calls:
+            totals.add(call, counted=False)
+        summed = {name: getattr(totals, name) for name in TOTALS}
         connection.execute(
             update(ro)
             .where(ro.c.rollout_id == rollout_id)
-            .values(**sums, num_tool_calls=tool_calls)
+            .values(**summed, num_tool_calls=totals.num_tool_calls)
         )
+
+
+def next_id(connection: Connection, table: Any) -> int:
+    """The id of the next row of `table` as the projection numbers them: one more than
+    the highest (a sequence would go on counting after a rebuild, and skip the numbers of
+    transactions that rolled back). The projection runs under the append lock."""
+    highest = connection.execute(select(func.max(table.c.id))).scalar()
+    return (highest or 0) + 1
 
 
 @dataclass
@@ -279,7 +302,9 @@ class BulkProjection:
     known_runs: set[str] = field(default_factory=set)
     new_rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)
     calls: dict[str, dict[str, Any]] = field(default_factory=dict)  # by call_id
-    totals: dict[str, CallTotals] = field(default_factory=dict)  # of rollouts in the table
+    # What each call adds to its rollout in the table, one entry per call in position
+    # order: added one by one, so that a float total is the same in any batching.
+    call_totals: list[dict[str, Any]] = field(default_factory=list)
     finishes: list[dict[str, Any]] = field(default_factory=list)  # of rollouts in the table
     finished: list[str] = field(default_factory=list)  # whose messages are projected
     finished_ids: set[str] = field(default_factory=set)  # the same, to look up
@@ -399,7 +424,9 @@ class BulkProjection:
         if started is not None:
             started["totals"].add(row, counted=e.supersedes is None)
         else:
-            self.totals.setdefault(rollout_id, CallTotals()).add(row, e.supersedes is None)
+            added = CallTotals()
+            added.add(row, counted=e.supersedes is None)
+            self.call_totals.append({"b_rollout_id": rollout_id} | _bound(added))
 
     def _rollout_finished(self, e: RolloutFinished, r: RecordedEvent) -> None:
         end = {
@@ -517,14 +544,8 @@ class BulkProjection:
             execute_many(c, _INSERT_ROLLOUTS, rows)
         if self.calls:
             execute_many(c, _INSERT_CALLS, list(self.calls.values()))
-        if self.totals:
-            c.execute(
-                _ADD_TOTALS,
-                [
-                    {"b_rollout_id": rollout_id, **{f"b_{k}": v for k, v in vars(s).items()}}
-                    for rollout_id, s in self.totals.items()
-                ],
-            )
+        if self.call_totals:
+            c.execute(_ADD_TOTALS, self.call_totals)  # in order: one UPDATE after another
         if self.summed_again:
             _summed_again(c, list(dict.fromkeys(self.summed_again)))
         if self.finishes:
@@ -532,6 +553,9 @@ class BulkProjection:
         if self.groups:
             execute_many(c, _INSERT_GROUPS, self.groups)
         if self.rewards:
+            first = next_id(c, t.rewards)
+            for offset, row in enumerate(self.rewards):
+                row["id"] = first + offset
             execute_many(c, _INSERT_REWARDS, self.rewards)
         if self.latest:
             self._upsert_latest(list(self.latest.values()))
@@ -552,7 +576,7 @@ class BulkProjection:
         self._clear()
 
     def _clear(self) -> None:
-        self.new_rollouts, self.calls, self.totals = {}, {}, {}
+        self.new_rollouts, self.calls, self.call_totals = {}, {}, []
         self.finishes, self.finished, self.summed_again = [], [], []
         self.finished_ids, self.imported, self.imported_in_table = set(), [], []
         self.groups, self.rewards, self.latest = [], [], {}

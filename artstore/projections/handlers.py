@@ -34,6 +34,7 @@ from artstore.projections.bulk import (
     BULK_TYPES,
     BulkProjection,
     implicit_run,
+    next_id,
     storable_json,
 )
 from artstore.schema import tables as t
@@ -182,6 +183,7 @@ def _train_step_started(c: Connection, e: TrainStepStarted, r: RecordedEvent) ->
     implicit_run(c, e.run, e.model, r.recorded_at)
     inserted = c.execute(
         t.train_steps.insert().values(
+            id=next_id(c, t.train_steps),
             run=e.run,
             model=e.model,
             step_before=e.step,
@@ -245,6 +247,7 @@ def _train_step_completed(c: Connection, e: TrainStepCompleted, r: RecordedEvent
     if step_id is None:  # reconciled after a crash, or recorded by a replay of its own
         inserted = c.execute(
             t.train_steps.insert().values(
+                id=next_id(c, t.train_steps),
                 run=e.run,
                 model=e.model,
                 step_before=e.step - 1,

@@ -18,6 +18,7 @@ rollouts and rewards are written, and sums each step once.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from sqlalchemy import bindparam, func, select, text, update
@@ -120,7 +121,9 @@ def refresh_trained(c: Connection, step_ids: Iterable[int]) -> None:
             {
                 "b_id": step_id,
                 "b_num_trajectories": len(rewards),
-                "b_reward_mean": sum(rewards) / len(rewards) if rewards else None,
+                # fsum: exact, so the mean does not depend on the order the rows came in
+                # (the query has none), and a rebuild writes the same bits.
+                "b_reward_mean": math.fsum(rewards) / len(rewards) if rewards else None,
             }
         )
     if updates:

@@ -8,6 +8,21 @@ training or a replay names the scorer it trains on.
 A reward function may return `Rewards(values, metrics=[...])` instead of a plain list to
 record metrics per trajectory beside the rewards (RULER's scores, for instance); they are
 merged into the trajectories' metrics when the group is trained on that scorer.
+
+A re-scoring resumes: by default it scores only the groups that have no rewards by the
+scorer yet, so that running it again after it stopped (a crash, a failing judge, Ctrl-C)
+pays the reward function once per group, not twice; `again=True` scores every group
+anew. The unit is the group, scored whole: a group counts as scored when each of its
+rollouts the reward function scores (policy and validation) has a reward by the scorer,
+and a group missing any of them is scored again whole, because a group-relative scorer
+(RULER) judges the rollouts of a group together. A group's rewards are one event, so a
+group stopped in the middle has none.
+
+While the reward function runs, the group holds no database connection: the rollouts,
+results and trajectories are read before, and the rewards appended after, each read on a
+pooled connection given back at once. A slow judge (an LLM over the network) holds up
+nothing else, and as many groups as `concurrency` may wait for it at once whatever the
+size of the connection pool.
 """
 
 from __future__ import annotations
@@ -59,9 +74,10 @@ async def rescore(
     *,
     group_ids: Sequence[str] | None = None,
     concurrency: int = 8,
-    only_missing: bool = False,
+    again: bool = False,
     on_start: Callable[[int], None] | None = None,
     on_group: Callable[[str], None] | None = None,
+    on_skipped: Callable[[list[str]], None] | None = None,
 ) -> list[str]:
     """Score every sealed group of `run` (or `group_ids`) with `reward_function` as `scorer`.
 
@@ -70,12 +86,14 @@ async def rescore(
     Each group's rewards are one atomic `rewards.recorded` event (`rescored=True`), with
     the win metrics against the validation rollouts recomputed for the new rewards.
 
-    Up to `concurrency` groups are scored at once. If the function fails for a group, no
-    further group is started, the groups scored before keep their new rewards, and a
-    RewardFunctionError names the failed group. Returns the ids of the groups scored, in
-    the run's order. `on_start(total)` is called once with the number of groups to score,
-    `on_group(group_id)` after each group is recorded. With `only_missing`, groups that
-    `scorer` has already scored are left as they are (to finish a re-scoring that stopped).
+    Groups that `scorer` has scored already are left as they are, so that running a
+    re-scoring again finishes it (see the module's docstring); `again=True` scores them
+    anew, appending (their earlier rewards stay). Up to `concurrency` groups are scored at
+    once. If the function fails for a group, no further group is started, the groups
+    scored before keep their new rewards, and a RewardFunctionError names the failed
+    group. Returns the ids of the groups scored, in the run's order. `on_skipped(ids)` is
+    called once with the groups left as they were, `on_start(total)` once with the number
+    of groups to score, `on_group(group_id)` after each group is recorded.
     """
     if not isinstance(scorer, str) or not scorer.strip():
         raise ConfigurationError("a scorer name is needed (the rewards are recorded under it)")
@@ -84,26 +102,14 @@ async def rescore(
     if not callable(reward_function):
         raise ConfigurationError(f"the reward function {reward_function!r} is not callable")
     info = await run_info(store, run)
-    async with store.database.read() as connection:
-        in_run = [
-            row.group_id
-            for row in await connection.execute(
-                select(t.groups.c.group_id)
-                .where(t.groups.c.run == run)
-                .order_by(t.groups.c.batch, t.groups.c.scenario_index, t.groups.c.position)
-            )
-        ]
-    if group_ids is None:
-        group_ids = in_run
-    else:
-        unknown = [g for g in group_ids if g not in set(in_run)]
-        if unknown:
-            raise NotFoundError(f"group {unknown[0]} is not a sealed group of run {run!r}")
-    sealed = await sealed_groups(store, list(group_ids))
+    group_ids = await _groups_of_run(store, run, group_ids)
+    sealed = await sealed_groups(store, group_ids)
     todo = [g for g in group_ids if g in sealed and sealed[g].rollout_ids]
-    if only_missing:
-        done_before = await _scored_groups(store, todo, scorer)
+    if not again:
+        done_before = await _scored_groups(store, {g: sealed[g] for g in todo}, scorer)
         todo = [g for g in todo if g not in done_before]
+        if on_skipped is not None:
+            on_skipped([g for g in group_ids if g in done_before])
     if on_start is not None:
         on_start(len(todo))
     limit = asyncio.Semaphore(concurrency)
@@ -131,13 +137,33 @@ async def rescore(
         first = failures[0]
         summary = (
             f"{len(done)} of {len(todo)} groups of run {run!r} were re-scored as {scorer!r} "
-            "before it stopped (re-scoring appends, so running it again is safe)"
+            "before it stopped (running it again scores the groups left)"
         )
         if isinstance(first, RewardFunctionError):
             raise RewardFunctionError(f"{first}; {summary}") from first
         first.add_note(summary)
         raise first
     return done
+
+
+async def _groups_of_run(store: Store, run: str, group_ids: Sequence[str] | None) -> list[str]:
+    """`group_ids`, each checked to be a sealed group of `run`; when None, all of them in
+    the run's order."""
+    async with store.database.read() as connection:
+        in_run = [
+            row.group_id
+            for row in await connection.execute(
+                select(t.groups.c.group_id)
+                .where(t.groups.c.run == run)
+                .order_by(t.groups.c.batch, t.groups.c.scenario_index, t.groups.c.position)
+            )
+        ]
+    if group_ids is None:
+        return in_run
+    unknown = [g for g in group_ids if g not in set(in_run)]
+    if unknown:
+        raise NotFoundError(f"group {unknown[0]} is not a sealed group of run {run!r}")
+    return list(group_ids)
 
 
 async def _score_group(
@@ -207,9 +233,9 @@ def _with_metrics(
     )
 
 
-async def _scored_groups(store: Store, group_ids: list[str], scorer: str) -> set[str]:
-    """The groups that have a `scorer` reward for every rollout."""
-    sealed = await sealed_groups(store, group_ids)
+async def _scored_groups(store: Store, sealed: dict[str, Any], scorer: str) -> set[str]:
+    """The groups (of these seals) that have a `scorer` reward for every rollout scored."""
+    group_ids = list(sealed)
     scored: dict[str, set[str]] = {}
     async with store.database.read() as connection:
         for start in range(0, len(group_ids), 500):
