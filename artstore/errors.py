@@ -16,6 +16,17 @@ class ConfigurationError(ArtstoreError, ValueError):
     """A setting, URL or argument is wrong before anything touched the database."""
 
 
+class InvalidArgumentError(ConfigurationError, TypeError):
+    """An argument of a public function has the wrong type or value; `argument` names it.
+
+    Raised before anything is written. A TypeError too, as Python's own for a wrong type.
+    """
+
+    def __init__(self, argument: str, problem: str) -> None:
+        self.argument = argument
+        super().__init__(f"{argument} {problem}")
+
+
 class DatabaseUnavailableError(ArtstoreError):
     """The database cannot be reached or opened."""
 

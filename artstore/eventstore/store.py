@@ -35,6 +35,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
+from artstore.arguments import check_name, unstorable_character
 from artstore.collector import collector_paused
 from artstore.errors import (
     AppendRefusedError,
@@ -297,8 +298,9 @@ class EventStore:
         self.database.refuse_writes()
         if not new_events:
             raise InvalidEventError("an append needs at least one event")
-        if "\x00" in stream_id:  # an id, not text: PostgreSQL's text cannot hold NUL
-            raise InvalidEventError(f"a stream id cannot hold the NUL character: {stream_id!r}")
+        problem = unstorable_character(stream_id)  # an id, not text: stored as it is
+        if problem is not None:
+            raise InvalidEventError(f"a stream id cannot hold {problem}: {stream_id!r}")
         now = datetime.now(UTC)  # one time for the append: its events commit together
         rows = [_event_row(stream_id, event, self.redact, now) for event in new_events]
         if len({row["event_id"] for row in rows}) != len(rows):
@@ -659,6 +661,7 @@ class EventStore:
         self, stream_id: str, from_version: int = 1, limit: int | None = None
     ) -> list[RecordedEvent]:
         """The events of one stream, from `from_version` on, in order."""
+        check_name("stream_id", stream_id)
         query = (
             select(events)
             .where(events.c.stream_id == stream_id, events.c.version >= from_version)
@@ -671,6 +674,8 @@ class EventStore:
     async def read_streams(self, stream_ids: Iterable[str]) -> dict[str, list[RecordedEvent]]:
         """The events of several streams at once, by stream."""
         ids = list(dict.fromkeys(stream_ids))
+        for stream_id in ids:
+            check_name("stream_id", stream_id)
         found: dict[str, list[RecordedEvent]] = {stream_id: [] for stream_id in ids}
         async with self.database.read() as connection:
             for start in range(0, len(ids), 500):
