@@ -26,7 +26,15 @@ import asyncio
 import contextlib
 import json
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -423,7 +431,7 @@ class EventStore:
             for item in batch:
                 item.result, item.error, item.recorded = None, None, []
                 try:
-                    with connection.begin_nested():
+                    with _savepoint(connection):
                         self._write_checked(connection, item)
                 except Exception as exc:
                     if not _about_the_append(exc) or not _still_in_transaction(connection):
@@ -609,7 +617,7 @@ class EventStore:
         # then visible, so read the head again and check the expected version against it.
         for attempt in range(1, MAX_STREAM_RACES + 1):
             try:
-                with connection.begin_nested():
+                with _savepoint(connection):
                     self._write_at_head(connection, item)
                 return
             except IntegrityError as exc:
@@ -782,6 +790,24 @@ def _a_version_taken(exc: IntegrityError) -> bool:
     """Whether the unique (stream, version) key refused the insert (PostgreSQL, SQLite)."""
     message = str(exc.orig)
     return "uq_events_stream_id_version" in message or "events.stream_id, events.version" in message
+
+
+@contextlib.contextmanager
+def _savepoint(connection: Connection) -> Iterator[None]:
+    """`connection.begin_nested()`, whose failure is the real one: where the database
+    rolled the whole transaction back (SQLite does, when the disk is full), rolling back
+    to the savepoint fails too ("no such savepoint"), and that error hid the cause."""
+    nested = connection.begin_nested()
+    try:
+        yield
+    except BaseException:
+        try:
+            nested.rollback()
+        except Exception:
+            if _still_in_transaction(connection):
+                raise
+        raise
+    nested.commit()
 
 
 def _still_in_transaction(connection: Connection) -> bool:
