@@ -141,6 +141,12 @@ class ExchangeFormatError(ArtstoreError, ValueError):
     """A file given to `artstore import` is not in a format artstore reads (nothing imported)."""
 
 
+class ExportTargetError(ArtstoreError):
+    """An export cannot write where it was told to: not a regular file there (a link, a
+    pipe, a device...), or the system refused the write (no space left...). Nothing of
+    that file was written."""
+
+
 class ImportConflictError(ArtstoreError):
     """An import would write rollouts or groups the store already holds from elsewhere."""
 
