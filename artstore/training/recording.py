@@ -320,9 +320,7 @@ async def record_group(
 
     if not isinstance(group, art.TrajectoryGroup):
         raise ConfigurationError(f"record_group records an art.TrajectoryGroup, not {group!r}")
-    check_store(store)
-    check_name("run", run)
-    check_names(optional=True, scorer=scorer, group_id=group_id)
+    _check_arguments(store, run, model, scorer, group_id, scenario)
     check_whole_numbers(
         optional=True,
         batch=batch,
@@ -330,9 +328,6 @@ async def record_group(
         scenario_index=scenario_index,
         policy_step=policy_step,
     )
-    check_json("scenario", to_json_value(scenario))
-    if model is not None:
-        check_model_name(model)
     trajectories = list(group.trajectories)
     where = f"run {run!r}, group"
     rewards = [  # refused before the run is started
@@ -447,6 +442,18 @@ async def record_group(
             raise outcome
     _stamp_group(group, trajectories, rollout_ids, group_id)
     return group_id
+
+
+def _check_arguments(
+    store: Store, run: Any, model: Any, scorer: Any, group_id: Any, scenario: Any
+) -> None:
+    """`record_group`'s arguments, refused before anything is written (InvalidArgumentError)."""
+    check_store(store)
+    check_name("run", run)
+    check_names(optional=True, scorer=scorer, group_id=group_id)
+    check_json("scenario", to_json_value(scenario))
+    if model is not None:
+        check_model_name(model)
 
 
 def _stamp_group(
