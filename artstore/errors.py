@@ -16,6 +16,17 @@ class ConfigurationError(ArtstoreError, ValueError):
     """A setting, URL or argument is wrong before anything touched the database."""
 
 
+class InvalidArgumentError(ConfigurationError, TypeError):
+    """An argument of a public function has the wrong type or value; `argument` names it.
+
+    Raised before anything is written. A TypeError too, as Python's own for a wrong type.
+    """
+
+    def __init__(self, argument: str, problem: str) -> None:
+        self.argument = argument
+        super().__init__(f"{argument} {problem}")
+
+
 class DatabaseUnavailableError(ArtstoreError):
     """The database cannot be reached or opened, or cannot be used now (see below)."""
 
@@ -134,6 +145,12 @@ class QueryError(ArtstoreError):
 
 class ExchangeFormatError(ArtstoreError, ValueError):
     """A file given to `artstore import` is not in a format artstore reads (nothing imported)."""
+
+
+class ExportTargetError(ArtstoreError):
+    """An export cannot write where it was told to: not a regular file there (a link, a
+    pipe, a device...), or the system refused the write (no space left...). Nothing of
+    that file was written."""
 
 
 class ImportConflictError(ArtstoreError):

@@ -57,7 +57,9 @@ def new_event_id() -> str:
 class Event(BaseModel):
     """Base of every event payload. Subclasses declare `type` and register themselves."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # NaN and the infinities stay floats when dumped (pydantic would write null where a
+    # field takes any JSON), so that the store refuses them wherever they are.
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
     type: ClassVar[str]
     # Client-made, excluded from the payload: the store keeps it in the envelope.

@@ -17,8 +17,18 @@ from sqlalchemy import select
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError
 
+from artstore.arguments import (
+    check_callable,
+    check_choice,
+    check_json,
+    check_model_name,
+    check_name,
+    check_names,
+    check_url,
+    check_whole_numbers,
+)
 from artstore.collector import collector_paused
-from artstore.errors import DatabaseUnavailableError, NotFoundError
+from artstore.errors import DatabaseUnavailableError, InvalidArgumentError, NotFoundError
 from artstore.eventstore.database import Database, connect, translate_error
 from artstore.eventstore.store import EventStore
 from artstore.redaction import learn
@@ -58,8 +68,15 @@ class Store(EventStore):
         See `artstore.capture.rollout` for what is recorded and when it is durable, and
         for `check` (run in the transactions that record the rollout's start and end).
         """
-        from artstore.capture.rollout import rollout
+        from artstore.capture.rollout import rollout, to_json_value
 
+        check_model_name(model)
+        check_json("scenario", to_json_value(scenario))
+        check_names(optional=True, run=run, group_id=group_id, rollout_id=rollout_id)
+        check_whole_numbers(optional=True, scenario_index=scenario_index, policy_step=policy_step)
+        check_choice("role", role, ("policy", "validation"))
+        if check is not None:
+            check_callable("check", check)
         return rollout(
             self,
             model,
@@ -88,6 +105,12 @@ class Store(EventStore):
         self, rollout_ids: Iterable[str], *, scorer: str | None = None
     ) -> dict[str, art.Trajectory]:
         """Several trajectories at once (one query for all their events and messages)."""
+        if isinstance(rollout_ids, str):
+            raise InvalidArgumentError("rollout_ids", "must be rollout ids (a list), not a str")
+        rollout_ids = list(rollout_ids)
+        for rollout_id in rollout_ids:
+            check_name("rollout_id", rollout_id)
+        check_name("scorer", scorer, optional=True)
         from artstore.projections.imported import blob_hashes, imported_trajectory, load_bodies
         from artstore.projections.recorded import recorded_blob_hashes, recorded_trajectory
         from artstore.projections.trajectories import StoredCalls, build_trajectory
@@ -201,7 +224,7 @@ async def open_store(
     `replay` do): a missing SQLite file or an empty database is the same clear error as
     for reading, and nothing is created; an artstore store is still migrated.
     """
-    resolved = resolve_url(url, create_folder=create and not read_only)
+    resolved = resolve_url(check_url(url), create_folder=create and not read_only)
     learn(urls=[resolved.render_as_string(hide_password=False)])  # its password, if any
     if not create and not read_only:
         _require_sqlite_file(resolved)

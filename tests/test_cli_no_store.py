@@ -13,6 +13,9 @@ from trained_run import cli, one_line_error
 @pytest.fixture(autouse=True)
 def in_tmp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.jsonl").write_text("not JSON\n")
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
 
 
 def tables(url: str) -> set[str]:
@@ -32,25 +35,27 @@ def tables(url: str) -> set[str]:
         engine.dispose()
 
 
+NO_STORE = ("no artstore database at", "the database is empty")
+# Commands that fail before they have anything to write, and what they say.
 MISTAKES = [
-    (["replay", "demo-1", "--dry-run"], 1),
-    (["replay", "demo-1", "--backend", "artstore.backends:check_only_backend"], 1),
-    (["rescore", "demo-1", "--reward", "artstore.demo:strict_reward", "--scorer", "s"], 1),
-    (["import", "nofile.jsonl"], 1),
+    (["replay", "demo-1", "--dry-run"], NO_STORE),
+    (["replay", "demo-1", "--backend", "artstore.backends:check_only_backend"], NO_STORE),
+    (["rescore", "demo-1", "--reward", "artstore.demo:strict_reward", "--scorer", "s"], NO_STORE),
+    (["import", "nofile.jsonl"], ("no such file or directory: nofile.jsonl",)),
+    (["import", "bad.jsonl"], ("bad.jsonl, line 1: not JSON",)),
+    (["import", "empty.jsonl"], ("empty file, nothing to import",)),
+    (["import", "bad.parquet"], ("bad.parquet",)),
+    (["demo", "--resume", "nope"], NO_STORE),
+    (["db", "rebuild-projections"], NO_STORE),
 ]
 
 
 def test_mistakes_create_nothing(empty_database_url: str, tmp_path: Path) -> None:
-    for args, status in MISTAKES:
+    for args, says in MISTAKES:
         result = cli(*args, "--url", empty_database_url)
-        assert result.exit_code == status, (args, result.output)
+        assert result.exit_code == 1, (args, result.output)
         message = one_line_error(result)
-        if args[0] == "import":
-            assert "no such file or directory: nofile.jsonl" in message
-        else:
-            assert "no artstore database at" in message or "the database is empty" in message, (
-                message
-            )
+        assert any(said in message for said in says), (args, message)
         assert tables(empty_database_url) == set(), args
     assert not (tmp_path / "artstore.db").exists()
 

@@ -212,14 +212,16 @@ async def test_a_full_sqlite_database_fails_the_big_append_and_records_why(tmp_p
 
         release = asyncio.Event()
         small = asyncio.create_task(run_rollout(store, "small", release, calls=2))
-        with pytest.raises(StorageFullError, match="no space left"):
+        with pytest.raises(StorageFullError, match="no space left") as full:
             async with store.rollout("agent", scenario={}, rollout_id="huge") as rollout:
                 release.set()
                 rollout.record_llm_call([HumanMessage(BIG_MESSAGE)], answer("a"))
+        assert str(full.value).count("no space left") == 1, str(full.value)  # said once
         await small
         assert await rollouts_by_status(store) == {"finished": {"small"}, "failed": {"huge"}}
         failed = (await store.read_stream("rollout-huge"))[-1].decode()
         assert failed.error_type == "StorageFullError"
+        assert failed.error_message.count("no space left") == 1, failed.error_message
 
 
 async def _sqlite_pages(store) -> int:
@@ -261,15 +263,17 @@ async def test_a_full_postgresql_disk_fails_the_big_append_and_records_why(small
     url = small_tablespace
     big = base64.b64encode(os.urandom(30_000_000)).decode()  # 40 MB that do not compress
     async with await artstore.open_store(url) as store:
-        with pytest.raises(StorageFullError, match="no space left"):
+        with pytest.raises(StorageFullError, match="no space left") as full:
             async with store.rollout("agent", scenario={}, rollout_id="huge") as rollout:
                 await store.flush()  # started long ago, as rollouts are
                 rollout.record_llm_call([HumanMessage(big)], answer("a"))
+        assert str(full.value).count("no space left") == 1, str(full.value)  # said once
         # The failed transaction's pages stay allocated, and the disk is full: the failure
         # is recorded without its traceback, which fits in pages already there.
         assert await rollouts_by_status(store) == {"failed": {"huge"}}
         failed = (await store.read_stream("rollout-huge"))[-1].decode()
-        assert failed.error_type == "StorageFullError" and "no space left" in failed.error_message
+        assert failed.error_type == "StorageFullError"
+        assert failed.error_message.count("no space left") == 1, failed.error_message
 
 
 # --- another writer ends a rollout while its calls are queued ------------------------------

@@ -160,5 +160,5 @@ async def test_unknown_run_group_or_scorer_is_a_clear_error(store, tmp_path):
         await artstore.rescore(store, "nope", strict_reward, "strict")
     with pytest.raises(NotFoundError, match="not a sealed group"):
         await artstore.rescore(store, trained.run, strict_reward, "strict", group_ids=["g-unknown"])
-    with pytest.raises(ValueError, match="scorer name"):
+    with pytest.raises(ValueError, match="scorer must not be empty"):
         await artstore.rescore(store, trained.run, strict_reward, " ")

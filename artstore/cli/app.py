@@ -11,6 +11,7 @@ import click
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
+from artstore.arguments import unstorable_character
 from artstore.cli import (
     db,
     demo,
@@ -63,7 +64,24 @@ class OneLineErrors(TyperGroup):
         sys.exit(returned if isinstance(returned, int) else 0)
 
 
-class QueryCommand(TyperCommand):
+class TextCommand(TyperCommand):
+    """A command whose text arguments (names, ids, queries, URLs) are Unicode text: an
+    argument holding bytes that are not UTF-8 (Python decodes them as lone surrogates) is
+    a usage error naming it, before anything runs. Paths may hold any bytes (their type
+    is a path, not text)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        for param in self.params:
+            value = ctx.params.get(param.name or "")
+            for text in value if isinstance(value, list | tuple) else [value]:
+                problem = unstorable_character(text) if isinstance(text, str) else None
+                if problem is not None:  # (a command line cannot hold NUL)
+                    raise typer.BadParameter(f"not UTF-8 text: it holds {problem}", ctx, param)
+        return rest
+
+
+class QueryCommand(TextCommand):
     """`artstore sql`: a query may begin with a `--` comment, which click would take for an
     option. An argument that starts with `-` and holds whitespace is no option name: it is
     passed as the query (after `--`), and the options around it are parsed as usual."""
@@ -135,6 +153,17 @@ def _help_in_paragraphs(typer_app: typer.Typer) -> None:
 
 _help_in_paragraphs(app)
 _help_in_paragraphs(db.app)
+
+
+def _text_arguments(typer_app: typer.Typer) -> None:
+    """Every command checks that its text arguments are text (`TextCommand`)."""
+    for info in typer_app.registered_commands:
+        if info.cls in (None, TyperCommand):  # (a command of its own class chose its own)
+            info.cls = TextCommand
+
+
+_text_arguments(app)
+_text_arguments(db.app)
 
 
 def _flags_without_a_type() -> None:

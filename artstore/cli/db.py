@@ -64,7 +64,7 @@ def rebuild_projections(url: UrlOption = None) -> None:
     async def work() -> None:
         import artstore
 
-        async with await artstore.open_store(url) as store:
+        async with await artstore.open_store(url, create=False) as store:  # none to rebuild
             count = await store.rebuild_projections()
         console.print(f"replayed {count} events into the projections")
 

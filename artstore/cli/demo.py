@@ -78,7 +78,8 @@ def demo(
         from artstore.demo import run_demo
         from artstore.training.overview import describe_run
 
-        async with await artstore.open_store(url) as store:
+        # A run to resume is in a store that exists: none is created to look for it.
+        async with await artstore.open_store(url, create=resume is None) as store:
             with bar:
                 result = await run_demo(
                     store,

@@ -27,7 +27,7 @@ class ExportFormat(StrEnum):
 def export(
     run_name: Annotated[str, typer.Argument(metavar="RUN", help="The run to export.")],
     out: Annotated[
-        str,
+        Path,
         typer.Argument(
             metavar="OUT",
             help="parquet: a directory (trajectories/<split>/<step>.parquet go under it); "
@@ -66,8 +66,9 @@ def export(
     (no logprobs, no additional histories). jsonl keeps everything and imports back with
     `artstore import`.
     """
+    to_stdout = str(out) == "-"
     chosen = format or (
-        ExportFormat.jsonl if out == "-" or out.endswith(".jsonl") else ExportFormat.parquet
+        ExportFormat.jsonl if to_stdout or out.suffix == ".jsonl" else ExportFormat.parquet
     )
     if chosen is ExportFormat.jsonl and (scorer or model):
         raise fail("--scorer and --model apply to --format parquet only")
@@ -81,10 +82,10 @@ def export(
                 summary = await export_jsonl(store, run_name, out, force=force)
             else:
                 summary = await export_parquet(
-                    store, run_name, Path(out), scorer=scorer, model=model, force=force
+                    store, run_name, out, scorer=scorer, model=model, force=force
                 )
         # Progress and notes go to stderr: `export RUN -` writes the JSONL to stdout.
-        where = "stdout" if out == "-" else out
+        where = "stdout" if to_stdout else out
         trajectories = counted(summary.trajectories, "trajectory", "trajectories")
         what = f"{trajectories} in {counted(summary.groups, 'group')}"
         if chosen is ExportFormat.jsonl:
@@ -94,7 +95,7 @@ def export(
 
             console.print(
                 f"wrote {what} of run {run_name!r} to {counted(len(summary.files), 'file')} under "
-                f"{Path(out) / 'trajectories'} (ART's parquet format {parquet_format_version()})",
+                f"{out / 'trajectories'} (ART's parquet format {parquet_format_version()})",
                 highlight=False,
             )
         by = repr(scorer) if scorer else "the run's scorer"
@@ -149,10 +150,13 @@ def import_(
     async def work() -> None:
         import artstore
         from artstore.art_versions import has_exchanges
-        from artstore.exchange import import_path
+        from artstore.exchange import read_plan, write_plan
 
+        # Read and checked whole before the store is opened: a file that cannot be
+        # imported creates no store.
+        plan = read_plan(path, run=run_name, scorer=scorer)
         async with await artstore.open_store(url) as store:
-            summary = await import_path(store, path, run=run_name, scorer=scorer)
+            summary = await write_plan(store, plan)
         source = f"{summary.files} parquet files" if summary.source == "parquet" else str(path)
         if summary.source == "parquet" and summary.files == 1:
             source = str(path)

@@ -10,6 +10,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
@@ -91,6 +92,22 @@ def _silence_stdout() -> None:
     """Point stdout at /dev/null so that Python's exit does not complain of the pipe."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
+
+
+def read_text_file(path: Path) -> str:
+    """The UTF-8 text of `path` ('-': standard input); a UsageError (one line) when it
+    cannot be read or is not UTF-8."""
+    try:
+        data = sys.stdin.buffer.read() if str(path) == "-" else path.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        where = "standard input" if str(path) == "-" else str(path)
+        raise UsageError(
+            f"{where}: not UTF-8 text (the byte 0x{data[exc.start]:02x} at offset {exc.start})"
+        ) from None
 
 
 def fail(message: str) -> typer.Exit:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from artstore.cli.output import FormatOption, OutputFormat, print_table
-from artstore.cli.shared import UrlOption, fail, run
+from artstore.cli.shared import UrlOption, UsageError, fail, read_text_file, run
 
 QueryArgument = Annotated[
     str | None,
@@ -57,9 +57,9 @@ def sql(
         raise fail('give a query: artstore sql "SELECT * FROM v_runs" (or --file q.sql)')
     if file is not None:
         try:
-            statement = sys.stdin.read() if str(file) == "-" else file.read_text()
-        except OSError as exc:
-            raise fail(f"cannot read {file}: {exc.strerror or exc}") from None
+            statement = read_text_file(file)
+        except UsageError as exc:
+            raise fail(str(exc)) from None
     assert statement is not None
 
     async def work() -> None:

@@ -27,6 +27,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from artstore.errors import (
+    ArtstoreError,
     ConfigurationError,
     DatabaseUnavailableError,
     GroupAlreadyConsumedError,
@@ -290,7 +291,12 @@ def connect(url: URL, *, read_only: bool = False) -> Database:
 
 
 def translate_error(exc: BaseException, database: Database | None = None) -> Exception:
-    """The artstore error for a driver error (callers never see the driver's)."""
+    """The artstore error for a driver error (callers never see the driver's).
+
+    An artstore error comes back as it is: it was translated where it was raised (the
+    writer's thread, a retry), and saying it again would say its prefix twice."""
+    if isinstance(exc, ArtstoreError):
+        return exc  # type: ignore[return-value]
     where = f" at {database.display_url}" if database else ""
     message = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0]
     if "immutable" in message:

@@ -33,7 +33,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
-from artstore.errors import NotFoundError
+from artstore.errors import DatabaseUnavailableError, NotFoundError
 from artstore.eventstore.blobs import serialize
 from artstore.eventstore.database import Database, Writer, translate_error
 
@@ -91,6 +91,16 @@ class SQLiteDatabase(Database):
     @property
     def path(self) -> Path:
         return Path(self.url.database or "")
+
+    async def check_reachable(self) -> None:
+        # The file is opened here first, as SQLite will open it: what the system refuses
+        # (a read-only file system, a folder under /proc, permissions) is said in its
+        # words, instead of SQLite's "unable to open database file", and no aiosqlite
+        # connection fails (its thread then outlives the command and prints a traceback).
+        problem = _cannot_open(self.path, write=not self.read_only)
+        if problem is not None:
+            raise DatabaseUnavailableError(f"cannot {problem}")
+        await super().check_reachable()
 
     @property
     def location(self) -> str:
@@ -461,6 +471,22 @@ def _on_driver(
         return raw.execute(statement, parameters)  # type: ignore[union-attr]
     except sqlite3.Error as exc:
         raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
+
+
+def _cannot_open(path: Path, *, write: bool) -> str | None:
+    """What the system says to opening the file at `path` as SQLite does (for writing,
+    made when missing, as SQLite makes it: an empty file is an empty database); None
+    when it opens."""
+    try:
+        if write:
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+        else:
+            os.close(os.open(path, os.O_RDONLY))
+    except OSError as exc:
+        doing = "open" if path.exists() else "create"
+        how = " for writing" if write and doing == "open" else ""
+        return f"{doing} the database at {path}{how}: {exc.strerror or exc}"
+    return None
 
 
 def sqlite_timestamp(value: datetime) -> str:

@@ -26,7 +26,15 @@ import asyncio
 import contextlib
 import json
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -35,6 +43,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
+from artstore.arguments import check_name, unstorable_character
 from artstore.collector import collector_paused
 from artstore.errors import (
     AppendRefusedError,
@@ -297,8 +306,9 @@ class EventStore:
         self.database.refuse_writes()
         if not new_events:
             raise InvalidEventError("an append needs at least one event")
-        if "\x00" in stream_id:  # an id, not text: PostgreSQL's text cannot hold NUL
-            raise InvalidEventError(f"a stream id cannot hold the NUL character: {stream_id!r}")
+        problem = unstorable_character(stream_id)  # an id, not text: stored as it is
+        if problem is not None:
+            raise InvalidEventError(f"a stream id cannot hold {problem}: {stream_id!r}")
         now = datetime.now(UTC)  # one time for the append: its events commit together
         rows = [_event_row(stream_id, event, self.redact, now) for event in new_events]
         if len({row["event_id"] for row in rows}) != len(rows):
@@ -421,7 +431,7 @@ class EventStore:
             for item in batch:
                 item.result, item.error, item.recorded = None, None, []
                 try:
-                    with connection.begin_nested():
+                    with _savepoint(connection):
                         self._write_checked(connection, item)
                 except Exception as exc:
                     if not _about_the_append(exc) or not _still_in_transaction(connection):
@@ -607,7 +617,7 @@ class EventStore:
         # then visible, so read the head again and check the expected version against it.
         for attempt in range(1, MAX_STREAM_RACES + 1):
             try:
-                with connection.begin_nested():
+                with _savepoint(connection):
                     self._write_at_head(connection, item)
                 return
             except IntegrityError as exc:
@@ -659,6 +669,7 @@ class EventStore:
         self, stream_id: str, from_version: int = 1, limit: int | None = None
     ) -> list[RecordedEvent]:
         """The events of one stream, from `from_version` on, in order."""
+        check_name("stream_id", stream_id)
         query = (
             select(events)
             .where(events.c.stream_id == stream_id, events.c.version >= from_version)
@@ -671,6 +682,8 @@ class EventStore:
     async def read_streams(self, stream_ids: Iterable[str]) -> dict[str, list[RecordedEvent]]:
         """The events of several streams at once, by stream."""
         ids = list(dict.fromkeys(stream_ids))
+        for stream_id in ids:
+            check_name("stream_id", stream_id)
         found: dict[str, list[RecordedEvent]] = {stream_id: [] for stream_id in ids}
         async with self.database.read() as connection:
             for start in range(0, len(ids), 500):
@@ -777,6 +790,24 @@ def _a_version_taken(exc: IntegrityError) -> bool:
     """Whether the unique (stream, version) key refused the insert (PostgreSQL, SQLite)."""
     message = str(exc.orig)
     return "uq_events_stream_id_version" in message or "events.stream_id, events.version" in message
+
+
+@contextlib.contextmanager
+def _savepoint(connection: Connection) -> Iterator[None]:
+    """`connection.begin_nested()`, whose failure is the real one: where the database
+    rolled the whole transaction back (SQLite does, when the disk is full), rolling back
+    to the savepoint fails too ("no such savepoint"), and that error hid the cause."""
+    nested = connection.begin_nested()
+    try:
+        yield
+    except BaseException:
+        try:
+            nested.rollback()
+        except Exception:
+            if _still_in_transaction(connection):
+                raise
+        raise
+    nested.commit()
 
 
 def _still_in_transaction(connection: Connection) -> bool:

@@ -23,9 +23,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from artstore.arguments import check_name, check_store
 from artstore.collector import collector_paused
 from artstore.errors import ExchangeFormatError, NotFoundError
-from artstore.exchange.importer import ImportPlan, ImportSummary, write_plan
+from artstore.exchange.importer import ImportPlan, ImportSummary, check_plan, write_plan
 from artstore.exchange.jsonl import export_jsonl, read_jsonl
 from artstore.exchange.parquet import export_parquet, read_parquet
 from artstore.exchange.source import ExportSummary
@@ -40,11 +41,17 @@ __all__ = [
     "export_parquet",
     "import_path",
     "read_plan",
+    "write_plan",
 ]
 
 
 def read_plan(path: str | Path, *, run: str | None = None, scorer: str = "imported") -> ImportPlan:
-    """What importing `path` would write (nothing is written): parquet file or tree, or JSONL."""
+    """What importing `path` would write (nothing is written): parquet file or tree, or JSONL.
+
+    Every event is built and checked: a file that cannot be imported is refused here,
+    before any store is opened (`artstore import` creates no store for it)."""
+    check_name("run", run, optional=True)
+    check_name("scorer", scorer)
     path = Path(path)
     if not path.exists():
         raise NotFoundError(f"{path}: no such file or directory")
@@ -53,10 +60,10 @@ def read_plan(path: str | Path, *, run: str | None = None, scorer: str = "import
     # again (artstore.collector).
     if path.is_file() and path.suffix == ".jsonl":
         with collector_paused():
-            return read_jsonl(path, run=run, scorer=scorer)
+            return check_plan(read_jsonl(path, run=run, scorer=scorer))
     if path.is_dir() or path.suffix == ".parquet":
         with collector_paused():
-            return read_parquet(path, run=run, scorer=scorer)
+            return check_plan(read_parquet(path, run=run, scorer=scorer))
     raise ExchangeFormatError(
         f"{path}: artstore imports ART trajectory parquet files (a .parquet file, or a "
         "directory of trajectories/<split>/<step>.parquet) and its own JSONL exports (.jsonl)"
@@ -71,4 +78,5 @@ async def import_path(
     `run` names the run (default: the JSONL's own run, or `<project>/<name>` of ART's
     layout, else the file's name); `scorer` names the parquet's rewards.
     """
+    check_store(store)
     return await write_plan(store, read_plan(path, run=run, scorer=scorer))

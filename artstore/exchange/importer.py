@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import ValidationError
 from sqlalchemy import select
 
+from artstore.arguments import unstorable_character
 from artstore.collector import collector_paused
 from artstore.errors import ArtstoreError, EventError, ExchangeFormatError, ImportConflictError
 from artstore.events import (
@@ -134,6 +135,8 @@ class ImportPlan:
     key: str  # identifies the source's content (sha256): its run.imported event's id
     files: int = 1
     formats: list[int] = field(default_factory=list)  # parquet: the format versions read
+    # Every event of the plan, per group, once `check_plan` built and checked them.
+    streams: list[list[_Stream]] | None = None
 
     @property
     def source(self) -> str:
@@ -246,6 +249,14 @@ def group_streams(plan: ImportPlan, group: ImportedGroup) -> list[_Stream]:
     return streams
 
 
+def check_plan(plan: ImportPlan) -> ImportPlan:
+    """Build and check every event of `plan` (nothing is written): a plan that passes is
+    refused by the store only for what the store holds (a clash) or the database itself."""
+    if plan.streams is None:
+        plan.streams = build_streams(plan, plan.run.path)
+    return plan
+
+
 def build_streams(plan: ImportPlan, where: str) -> list[list[_Stream]]:
     """Every event of the plan, per group, validated before anything is written."""
     try:
@@ -254,8 +265,9 @@ def build_streams(plan: ImportPlan, where: str) -> list[list[_Stream]]:
         with collector_paused():
             per_group = [group_streams(plan, group) for group in plan.groups]
         for stream in (s for group in per_group for s in group):
-            if "\x00" in stream.stream_id:  # a rollout or group id of the file: refused, now
-                raise ValueError(f"{stream.stream_id!r}: an id cannot hold the NUL character")
+            problem = unstorable_character(stream.stream_id)  # an id of the file: refused now
+            if problem is not None:
+                raise ValueError(f"{stream.stream_id!r}: an id cannot hold {problem}")
             for event in stream.events:
                 payload_json(encode_event(event)[1])  # what the store will refuse, now
         return per_group
@@ -293,7 +305,8 @@ async def _check_run(store: Store, run: str) -> None:
 async def write_plan(store: Store, plan: ImportPlan) -> ImportSummary:
     """Write `plan` into `store` (see the module's docstring); returns what it did."""
     run = plan.run.run
-    per_group = build_streams(plan, plan.run.path)
+    per_group = check_plan(plan).streams
+    assert per_group is not None
     await _check_run(store, run)
     streams = [stream for group in per_group for stream in group]
     stored = await _first_event_ids(store, [s.stream_id for s in streams])

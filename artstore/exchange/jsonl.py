@@ -32,20 +32,22 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
+import math
 import re
 import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from artstore.arguments import find_non_finite
 from artstore.art_versions import exchanges_problem
 from artstore.capture.messages import dump_model
 from artstore.errors import ExchangeFormatError, NotFoundError
 from artstore.events import GroupSealed, RewardsRecorded, RunImported
+from artstore.exchange.files import existing_file, written_in_place
 from artstore.exchange.importer import (
     History,
     ImportedGroup,
@@ -78,9 +80,10 @@ async def export_jsonl(
     """Write every finished or failed rollout of `run` as a JSONL line to `out` ("-": stdout).
 
     A file is written under a temporary name and renamed when complete; an existing file
-    is refused unless `force`, as the parquet export does.
+    is refused unless `force`, as the parquet export does, and anything at `out` that is
+    not a regular file (a link, a pipe, a device...) is refused (`exchange.files`).
     """
-    if str(out) != "-" and Path(out).exists() and not force:
+    if str(out) != "-" and existing_file(Path(out)) is not None and not force:
         raise FileExistsError(f"{out} exists; nothing was written (--force overwrites it)")
     outline = await load_run(store, run)
     summary = ExportSummary(run=run, path=str(out), running_rollouts=outline.skipped_running)
@@ -117,14 +120,8 @@ def _output(out: str | Path) -> Iterator[IO[str]]:
         yield sys.stdout
         sys.stdout.flush()
         return
-    path = Path(out)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        with open(partial, "w", encoding="utf-8") as handle:
-            yield handle
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    with written_in_place(Path(out)) as partial, open(partial, "w", encoding="utf-8") as handle:
+        yield handle
 
 
 def _line(
@@ -206,11 +203,18 @@ def _history(messages_and_choices: Any, tools: Any, where: str) -> History:
 
 
 def read_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with open(path, encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            where = f"{path}, line {number}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ExchangeFormatError(
+                    f"{where}: not UTF-8 text (the byte 0x{raw[exc.start]:02x} at column "
+                    f"{exc.start + 1})"
+                ) from None
             if not text.strip():
                 continue
-            where = f"{path}, line {number}"
             try:
                 line = json.loads(text)
             except ValueError as exc:
@@ -236,6 +240,7 @@ def read_jsonl(path: str | Path, *, run: str | None = None, scorer: str = "impor
     for number, line in read_lines(path):
         where = f"{path}, line {number}"
         _check_shape(line, where)
+        _check_finite(line, where)
         try:
             if source_run is None:
                 source_run = line["run"]
@@ -353,10 +358,10 @@ class _LineShape(_Shape):
     trajectory: _TrajectoryShape
     group: _GroupShape | None = None
     rewards: list[_RewardShape] | None = None
-    role: str | None = None
+    role: Literal["policy", "validation"] | None = None
     model: str | None = None
     started_at: datetime | None = None
-    status: str | None = None
+    status: Literal["finished", "failed"] | None = None
     scenario_index: int | None = None
     policy_step: int | None = None
     duration_s: float | None = None
@@ -374,6 +379,25 @@ def _check_shape(line: dict[str, Any], where: str) -> None:
         field = ".".join(str(part) for part in first["loc"]) or "the line"
         message = re.sub(r" or instance of _\w+", "", first["msg"])  # (our classes' names)
         raise ExchangeFormatError(f"{where}: {field}: {message}") from None
+
+
+# What a line holds that is stored as the model saw and said it (blobs, where a logprob
+# may be -Infinity); everything else becomes event payloads, which hold no NaN.
+_KEPT_EXACTLY = {"messages_and_choices", "tools", "additional_histories", "exchanges"}
+
+
+def _check_finite(line: dict[str, Any], where: str) -> None:
+    """Refuse NaN and the infinities (which `json` reads) where they would be stored as
+    event payloads, naming the field; they are kept exactly in the trajectory's messages."""
+    trajectory = {k: v for k, v in line["trajectory"].items() if k not in _KEPT_EXACTLY}
+    found = find_non_finite({**line, "trajectory": trajectory})
+    if found is not None:
+        keys, number = found
+        word = "NaN" if math.isnan(number) else ("Infinity" if number > 0 else "-Infinity")
+        raise ExchangeFormatError(
+            f"{where}: {'.'.join(map(str, keys))} is {word}, which is not a JSON number (NaN "
+            "and the infinities are kept only inside the trajectory's messages)"
+        )
 
 
 def _rollout(line: dict[str, Any], new_id: Callable[[str], str], where: str) -> ImportedRollout:

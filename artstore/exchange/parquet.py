@@ -53,7 +53,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -63,8 +62,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from artstore.art_versions import exchanges_problem
-from artstore.errors import ExchangeFormatError, NotFoundError
+from artstore.errors import ExchangeFormatError, ExportTargetError, NotFoundError
 from artstore.events import GroupSealed, RewardsRecorded, RunImported
+from artstore.exchange.files import existing_file, written_in_place
 from artstore.exchange.importer import (
     History,
     ImportedGroup,
@@ -135,6 +135,11 @@ async def export_parquet(
     from artstore.training.groups import scored_rollouts
 
     out = Path(out)
+    if (out.exists() or out.is_symlink()) and not out.is_dir():  # (a link to a folder is one)
+        raise ExportTargetError(
+            f"{out} is not a directory: a parquet export writes its files under one; "
+            "nothing was written"
+        )
     outline = await load_run(store, run)
     scorer = scorer or outline.info.scorer
     summary = ExportSummary(run=run, path=str(out), running_rollouts=outline.skipped_running)
@@ -154,7 +159,7 @@ async def export_parquet(
             if ids:
                 files.setdefault((split, number), []).append((group, ids))
     targets = {key: step_file(out, *key) for key in files}
-    existing = [path for path in targets.values() if path.exists()]
+    existing = [path for path in targets.values() if existing_file(path) is not None]
     if existing and not force:
         raise FileExistsError(
             f"{existing[0]} exists ({len(existing)} of the files to write do); nothing was "
@@ -202,12 +207,8 @@ def _write_groups(groups: list, path: Path) -> None:
     from art.utils.trajectory_logging import write_trajectory_groups_parquet
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")
-    try:
+    with written_in_place(path) as partial:
         write_trajectory_groups_parquet(groups, partial)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 # --- import -------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ import inspect
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any
 
+from artstore.arguments import check_name, check_store
 from artstore.art_versions import model_key
 from artstore.errors import GroupAlreadyConsumedError
 from artstore.training.lease import trainer_lease
@@ -195,6 +196,9 @@ def recording_backend(
     `scorer`: the name the rewards of groups recorded at training time go under
     (default: the run's scorer, `reward` for a new run).
     """
+    check_store(store)
+    check_name("run", run)
+    check_name("scorer", scorer, optional=True)
     if issubclass(type(backend), RecordingBackend):  # `type`, not `__class__`: the wrapper
         backend = backend.unrecorded  # wrapped again: recorded under the new run only
     return _recording_class(type(backend))(store, backend, run=run, scorer=scorer)

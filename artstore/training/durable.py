@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec
 
 from sqlalchemy import select
 
+from artstore.arguments import check_callable, check_name, check_store
 from artstore.capture.rollout import to_json_value
 from artstore.errors import InvalidEventError
 from artstore.eventstore.blobs import canonical_json
@@ -89,6 +90,12 @@ def durable_rollouts(
     key: Callable[P, Any] | None = None,
 ) -> Callable[P, Awaitable[art.Trajectory]]:
     """`rollout` made durable (see the module docstring); same signature, same result."""
+    check_store(store)
+    check_callable("rollout", rollout)
+    check_name("run", run)
+    for argument, given in (("scenario", scenario), ("key", key)):
+        if given is not None:
+            check_callable(argument, given)
     groups: dict[str, _Finished] = {}
 
     async def take_finished(group_id: str) -> str | None:

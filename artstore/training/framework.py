@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from artstore.arguments import check_name
 from artstore.art_versions import lineage_name
 from artstore.capture.rollout import to_json_value
 from artstore.errors import ArtstoreError, ConfigurationError
@@ -356,6 +357,7 @@ class TrainingFramework:
         """
         if not isinstance(config, TrainingConfig):
             raise ConfigurationError("config must be an artstore.TrainingConfig")
+        check_name("run", run, optional=True)
         if isinstance(scenarios, str | bytes | Mapping) or not isinstance(scenarios, Iterable):
             raise ConfigurationError(
                 f"scenarios is a list of scenarios, not a {type(scenarios).__name__}"

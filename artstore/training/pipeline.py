@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from artstore.arguments import check_name, check_store
 from artstore.art_versions import has_pipeline_trainer, rewards_have_zero_variance
 from artstore.capture.rollout import to_json_value
 from artstore.errors import ConfigurationError
@@ -233,6 +234,9 @@ def pipeline_trainer(
     backend); `options` are PipelineTrainer's own (pipeline, learning_rate, max_steps,
     max_steps_off_policy, eval_fn...), except `resume`: the store resumes the run.
     """
+    check_store(store)
+    check_name("run", run)
+    check_name("scorer", scorer, optional=True)
     if not has_pipeline_trainer():
         raise ConfigurationError(
             "ART's PipelineTrainer needs openpipe-art 0.5.20 or newer (Python 3.12+)"

@@ -29,6 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from artstore.arguments import (
+    check_json,
+    check_model_name,
+    check_name,
+    check_names,
+    check_store,
+    check_whole_numbers,
+)
 from artstore.art_versions import has_exchange_data
 from artstore.capture.exchanges import redact_choice, redact_exchanges
 from artstore.capture.rollout import rollout_stream, to_json_value
@@ -322,17 +330,25 @@ async def record_group(
 
     if not isinstance(group, art.TrajectoryGroup):
         raise ConfigurationError(f"record_group records an art.TrajectoryGroup, not {group!r}")
+    _check_arguments(store, run, model, scorer, group_id, scenario)
+    check_whole_numbers(
+        optional=True,
+        batch=batch,
+        epoch=epoch,
+        scenario_index=scenario_index,
+        policy_step=policy_step,
+    )
+    trajectories = list(group.trajectories)
+    where = f"run {run!r}, group"
+    rewards = [  # refused before the run is started
+        check_reward(t.reward, f"{where}, trajectory {i}") for i, t in enumerate(trajectories)
+    ]
     scorer = await ensure_run(store, run, model=model, scorer=scorer)
     if model is not None:
         store.redact.add(
             [getattr(model, "inference_api_key", None)],
             urls=[getattr(model, "inference_base_url", None)],
         )
-    trajectories = list(group.trajectories)
-    where = f"run {run!r}, group"
-    rewards = [
-        check_reward(t.reward, f"{where}, trajectory {i}") for i, t in enumerate(trajectories)
-    ]
     claimed = [t.metadata.get(ROLLOUT_KEY) for t in trajectories]
     state = await _rollout_state(store, [c for c in claimed if isinstance(c, str)])
     hinted = {group.metadata.get(GROUP_KEY)} | {t.metadata.get(GROUP_KEY) for t in trajectories}
@@ -438,6 +454,18 @@ async def record_group(
     return group_id
 
 
+def _check_arguments(
+    store: Store, run: Any, model: Any, scorer: Any, group_id: Any, scenario: Any
+) -> None:
+    """`record_group`'s arguments, refused before anything is written (InvalidArgumentError)."""
+    check_store(store)
+    check_name("run", run)
+    check_names(optional=True, scorer=scorer, group_id=group_id)
+    check_json("scenario", to_json_value(scenario))
+    if model is not None:
+        check_model_name(model)
+
+
 def _stamp_group(
     group: art.TrajectoryGroup, trajectories: list[Any], rollout_ids: list[str], group_id: str
 ) -> None:
@@ -501,6 +529,8 @@ def group_recorder(
     Options are `record_group`'s (model, scorer, batch, epoch, scenario_index...).
     Returns the group, stamped with its ids; one that cannot be recorded raises.
     """
+    check_store(store)
+    check_name("run", run)
 
     async def after_each(group: art.TrajectoryGroup) -> art.TrajectoryGroup:
         await record_group(store, group, run=run, **options)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select
 
+from artstore.arguments import check_json_object, check_name, check_store, check_whole_numbers
 from artstore.errors import ConfigurationError, NotFoundError
 from artstore.schema import tables as t
 from artstore.training.lease import trainer_lease
@@ -267,7 +268,16 @@ async def replay(
     `model_step` stands for `await model.get_step()` in a dry run (a plan made without
     a backend).
     """
-    train_kwargs = dict(train_kwargs or {})
+    check_store(store)
+    check_name("run", run)
+    check_name("scorer", scorer, optional=True)
+    check_whole_numbers(
+        optional=True,
+        max_staleness=max_staleness,
+        groups_per_step=groups_per_step,
+        model_step=model_step,
+    )
+    train_kwargs = dict(check_json_object("train_kwargs", train_kwargs))
     scale_rewards = bool(
         train_kwargs.get("scale_rewards", True) and train_kwargs.get("normalize_advantages", True)
     )

@@ -35,7 +35,13 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from artstore.errors import ConfigurationError, NotFoundError, RewardFunctionError
+from artstore.arguments import check_name, check_names, check_store, check_whole_number
+from artstore.errors import (
+    ConfigurationError,
+    InvalidArgumentError,
+    NotFoundError,
+    RewardFunctionError,
+)
 from artstore.events import RewardsRecorded
 from artstore.schema import tables as t
 from artstore.training.groups import (
@@ -95,8 +101,14 @@ async def rescore(
     called once with the groups left as they were, `on_start(total)` once with the number
     of groups to score, `on_group(group_id)` after each group is recorded.
     """
-    if not isinstance(scorer, str) or not scorer.strip():
-        raise ConfigurationError("a scorer name is needed (the rewards are recorded under it)")
+    check_store(store)
+    check_names(run=run, scorer=scorer)
+    if group_ids is not None:
+        if isinstance(group_ids, str):
+            raise InvalidArgumentError("group_ids", "must be group ids (a list), not a str")
+        for group_id in group_ids:
+            check_name("group_id", group_id)
+    check_whole_number("concurrency", concurrency)
     if concurrency < 1:
         raise ConfigurationError(f"concurrency must be positive, got {concurrency}")
     if not callable(reward_function):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from artstore.arguments import check_name, check_store, check_whole_number
 from artstore.schema import tables as t
 from artstore.training.groups import load_groups
 from artstore.training.runs import run_scorer
@@ -42,6 +43,10 @@ async def run_groups(
     store: Store, run: str, *, batch: int | None = None, scorer: str | None = None
 ) -> list[art.TrajectoryGroup]:
     """The sealed groups of `run` (of one `batch`), in the run's order (none: no such run)."""
+    check_store(store)
+    check_name("run", run)
+    check_whole_number("batch", batch, optional=True)
+    check_name("scorer", scorer, optional=True)
     ids = await _sealed_ids(store, run, batch)
     return await load_groups(store, ids, scorer or await run_scorer(store, run))
 
@@ -58,6 +63,9 @@ async def unconsumed_groups(
     """
     from artstore.training.backend import recording_backend_of
 
+    check_store(store)
+    check_name("run", run)
+    check_name("scorer", scorer, optional=True)
     recording = recording_backend_of(model)
     if recording is not None:
         await recording.settle(model)

@@ -17,8 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from artstore.arguments import (
+    check_art_model,
+    check_json_object,
+    check_name,
+    check_names,
+    check_store,
+)
 from artstore.art_versions import lineage_name
-from artstore.errors import ConfigurationError, WrongExpectedVersionError
+from artstore.errors import ConfigurationError, InvalidArgumentError, WrongExpectedVersionError
 from artstore.events import RunFinished, RunImported, RunResumed, RunStarted
 from artstore.eventstore.store import NO_STREAM
 from artstore.schema import tables as t
@@ -72,6 +79,11 @@ async def start_run(
     `config` is recorded as the run's configuration (JSON: `batch_size` there is how
     `artstore replay` batches the run's groups). A resumed run keeps what it started with.
     """
+    check_store(store)
+    check_names(run=run, scorer=scorer)
+    config = check_json_object("config", config)
+    if model is not None:
+        check_art_model(model)
     recorded = await store.read_stream(run_stream(run), limit=1)
     if recorded:
         await _check_not_imported(store, run, recorded[0])
@@ -88,6 +100,12 @@ async def start_run(
 
 async def finish_run(store: Store, run: str, *, error: str | BaseException | None = None) -> None:
     """Record that `run` ended: finished, or failed with `error` (a message or an exception)."""
+    check_store(store)
+    check_name("run", run)
+    if error is not None and not isinstance(error, str | BaseException):
+        raise InvalidArgumentError(
+            "error", f"must be a message (a str) or an exception, not a {type(error).__name__}"
+        )
     if not await store.read_stream(run_stream(run), limit=1):
         raise ConfigurationError(f"run {run!r} was never started in this store")
     if isinstance(error, BaseException):
