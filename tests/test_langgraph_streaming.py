@@ -17,7 +17,6 @@ wrapper to its HTTP record. Each case checks:
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import warnings
 from collections.abc import Callable
@@ -30,7 +29,7 @@ from art.langgraph import llm_wrapper
 from capture_helpers import assert_each_call_recorded_once, served_model
 from langchain_core.tools import tool
 from openai.types.chat.chat_completion import Choice
-from test_langgraph import deterministic, without_random_ids
+from test_langgraph import Tee, deterministic, without_random_ids
 
 from artstore.art_versions import has_exchanges
 from artstore.capture.rollout import ArtLogger
@@ -124,17 +123,6 @@ def art_chat_model(streaming: bool) -> Any:
         streaming=True,
     )
     return llm_wrapper.LoggingLLM(client, config["logger"])
-
-
-class Tee:
-    """ART's logger and artstore's, each given its own copy of every call (see test_langgraph)."""
-
-    def __init__(self, *loggers: Any) -> None:
-        self.loggers = loggers
-
-    def log(self, name: str, entry: dict[str, Any]) -> None:
-        for logger in self.loggers:
-            logger.log(name, copy.deepcopy(entry))
 
 
 # --- comparing --------------------------------------------------------------------------------

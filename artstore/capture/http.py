@@ -91,10 +91,10 @@ _install_lock = threading.Lock()
 def unrecorded() -> Iterator[None]:
     """Calls made inside are not recorded from HTTP (they are recorded another way, or not).
 
-    artstore's `init_chat_model` records its calls itself; use this around an LLM call
-    that is not the agent's (a judge, a summariser) made inside a rollout's block. A call
-    that ART's own capture takes (inside `art.trajectory(...)`) is recorded all the same:
-    the rollout's trajectory is then ART's exchanges, and must hold it as ART's does.
+    Use this around an LLM call that is not the agent's (a judge, a summariser) made
+    inside a rollout's block. A call that ART's own capture takes (inside
+    `art.trajectory(...)`) is recorded all the same, if it succeeded: the rollout's
+    trajectory is then ART's exchanges, and must hold it as ART's does.
     """
     token = _RECORDING.set(False)
     try:

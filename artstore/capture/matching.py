@@ -89,15 +89,15 @@ def first_answer(document: dict[str, Any]) -> tuple[str, list[tuple[Any, Any]]] 
 
 
 def choice_key(choice: Any) -> str:
-    """The key of an openai `Choice`: its text and its tool calls (id, name, arguments).
+    """The key of an openai `Choice`: its text and its tool calls' (id, name).
 
     What finds the call a trajectory's `Choice` came from (`artstore.capture.group`): the
-    choice an agent appends is the client's, or one built from the same response.
+    choice an agent appends is the client's, or one built from the same response (ART's
+    LangGraph wrapper writes the arguments again, so they are left out).
     """
     message = choice.message
     calls = [
-        [call.id, getattr(call.function, "name", None), getattr(call.function, "arguments", None)]
+        [call.id or "", getattr(getattr(call, "function", None), "name", None) or ""]
         for call in message.tool_calls or []
-        if getattr(call, "function", None) is not None
     ]
     return json.dumps([message.content or "", calls])
