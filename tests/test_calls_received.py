@@ -206,7 +206,35 @@ async def pipeline_trainer(store: Any, server: Any, tmp_path: Path) -> int:
     )
     await trainer.train(handle_signals=False)
     await backend.close()
+    await assert_each_call_is_its_trajectorys(store)
     return 1  # the second trajectory answered by the call with n=2: that call is the first's
+
+
+async def assert_each_call_is_its_trajectorys(store: Any) -> None:
+    """Each finished rollout's call answered with its trajectory's Choice; the call of the
+    rollout that raised is in a rollout of the group that failed."""
+    from artstore.capture.exchanges import chat_completion
+
+    async with store.database.read() as connection:
+        rollouts = (
+            await connection.execute(
+                text("SELECT rollout_id, status, error_type FROM v_rollouts ORDER BY rollout_id")
+            )
+        ).all()
+    streams = await store.read_streams(f"rollout-{r.rollout_id}" for r in rollouts)
+    for rollout in rollouts:
+        calls = [e.data for e in streams[f"rollout-{rollout.rollout_id}"] if e.type == "llm.call"]
+        if rollout.status == "failed":
+            assert rollout.error_type == "NoTrajectory" and len(calls) == 1
+            continue
+        if not calls:
+            continue  # the second answer of the call with n=2
+        (call,) = calls
+        document = json.loads((await store.get_blobs([call["output"]]))[call["output"]])
+        answers = [c.message.content for c in chat_completion(document).choices]
+        trajectory = await store.trajectory(rollout.rollout_id)
+        assert trajectory.messages_and_choices[-1].message.content == answers[0]
+    assert [r.status for r in rollouts].count("failed") == 1
 
 
 async def workers(store: Any, server: Any, tmp_path: Path) -> None:

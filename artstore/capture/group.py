@@ -70,7 +70,7 @@ class GroupCapture(CallTarget):
 
     def __init__(self, model: Any) -> None:
         super().__init__()
-        self.id = "being rolled out as a group"
+        self.id = "(the rollouts of a group)"  # in log lines
         key = getattr(model, "inference_api_key", None)
         self.redact = Redactor([key], urls=[getattr(model, "inference_base_url", None)])
         self.closed = False

@@ -346,7 +346,7 @@ class _Capture:
         finished_at = datetime.now(UTC)
         latency_s = time.perf_counter() - self.clock
         body, self.body = bytes(self.body), bytearray()
-        if not self._kept(self._failure(body, error) is not None):
+        if not self.recording and not self._kept(self._failure(body, error) is not None):
             return
         try:
             self.rollout._submit_call(
@@ -362,9 +362,7 @@ class _Capture:
             self.rollout._capture_failed(exc)
 
     def _kept(self, failed: bool) -> bool:
-        """Whether this call is recorded from HTTP (see `unrecorded` and `attempts`)."""
-        if self.recording:
-            return True
+        """Whether a call made in `unrecorded()` or `attempts()` is recorded from HTTP."""
         if failed:  # ART keeps no exchange of a failed call
             return self.attempts is not None
         return self.art_target is not None
