@@ -175,7 +175,9 @@ class LLMCall(Event):
     call_id: str
     index: int  # order of the call within the rollout
     input: list[str]  # blob hashes of the input messages
-    output: str | None = None  # blob hash of the output (see above); None if it failed
+    # blob hash of the output (see above). A failed call: None, or for `http` what arrived
+    # (the error body the server sent, a stream's events until it broke off).
+    output: str | None = None
     tools: str | None = None  # blob hash of the OpenAI tool list offered
     model: str | None = None
     prompt_tokens: int | None = None
@@ -190,9 +192,11 @@ class LLMCall(Event):
     source: Literal["langchain", "http"] = "langchain"
     endpoint: Literal["chat_completions", "completions", "responses", "messages"] | None = None
     request: str | None = None  # http: blob hash of the request body (see above)
-    stream: bool = False  # http: the response was streamed (server-sent events)
+    # http, and a record superseding one: the response was streamed (server-sent events)
+    stream: bool = False
     finished_at: datetime | None = None  # http: when the response was complete
-    art_exchange: bool = False  # http: ART's own capture put it in `Trajectory.exchanges`
+    # http, and a record superseding one: ART's own capture put it in `Trajectory.exchanges`
+    art_exchange: bool = False
     art_client: str | None = None  # http: ART's `model.openai_client()` post-processed it
     supersedes: str | None = None  # call id of the `http` record of this same call
 

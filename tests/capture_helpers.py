@@ -52,3 +52,25 @@ async def served_trainable_model(
     )
     await model.register(backend)
     return model, backend
+
+
+async def recorded_and_received(store: Any, *servers: LocalInferenceServer) -> tuple[list, list]:
+    """(the calls `v_llm_calls` holds, the calls the servers received), comparable.
+
+    Each call is its number of input messages, sorted: a call recorded twice and another
+    never recorded differ from the requests, not only in number. Every request a server
+    authenticated counts, failed ones included (they are recorded too).
+    """
+    from sqlalchemy import text
+
+    async with store.database.read() as connection:
+        rows = await connection.execute(text("SELECT num_input_messages FROM v_llm_calls"))
+        recorded = sorted(row.num_input_messages for row in rows)
+    received = sorted(len(r["messages"]) for server in servers for r in server.requests)
+    return recorded, received
+
+
+async def assert_each_call_recorded_once(store: Any, *servers: LocalInferenceServer) -> None:
+    """`v_llm_calls` holds exactly the calls the inference servers received, each once."""
+    recorded, received = await recorded_and_received(store, *servers)
+    assert recorded == received, f"v_llm_calls holds {recorded}, the servers got {received}"

@@ -126,7 +126,10 @@ async def test_concurrent_captured_rollouts_never_mix(store, tmp_path):
         assert projected[rollout_id].exchanges == captured.exchanges
 
 
-async def test_langchain_calls_inside_arts_capture_are_one_row_and_arts_exchanges(store):
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_langchain_calls_inside_arts_capture_are_one_row_and_arts_exchanges(
+    store, streaming: bool
+):
     from artstore.langgraph import init_chat_model
 
     async with LocalInferenceServer() as server:
@@ -134,12 +137,28 @@ async def test_langchain_calls_inside_arts_capture_are_one_row_and_arts_exchange
         async with store.rollout(model) as rollout:
 
             async def ask() -> None:
-                await init_chat_model().ainvoke("Weather in Oslo?")
+                chat_model = init_chat_model(streaming=True) if streaming else init_chat_model()
+                await chat_model.ainvoke("Weather in Oslo?")
 
             captured = await art.trajectory(ask())
     assert (await store.trajectory(rollout.id)).exchanges == captured.exchanges
     (call,) = await rows(store, select(t.llm_calls))
     assert call.source == "langchain"  # the LangChain record, superseding the HTTP one
+    assert call.streamed == streaming
+
+
+async def test_a_failed_langchain_call_inside_arts_capture_is_one_row(store):
+    """ART keeps no exchange of a failed call; artstore's chat model records it, once."""
+    from artstore.langgraph import init_chat_model
+
+    async with LocalInferenceServer(fail_when=lambda request: True) as server:
+        model = served_model(server)
+        with pytest.raises(openai.InternalServerError):
+            async with store.rollout(model):
+                await art.trajectory(init_chat_model(max_retries=0).ainvoke("Weather in Oslo?"))
+    (call,) = await rows(store, select(t.llm_calls))
+    assert call.source == "langchain" and "Injected failure" in call.error_message
+    assert len(server.requests) == 1
 
 
 # --- training exchange trajectories ------------------------------------------------------------

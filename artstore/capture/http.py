@@ -5,8 +5,9 @@ other captured APIs: `/completions`, `/responses`, `/messages`) made through htt
 is what the `openai` clients use (`AsyncOpenAI`, `OpenAI`, ART's `model.openai_client()`,
 LangChain's `ChatOpenAI`), becomes an `llm.call` event of the rollout (`source="http"`):
 the request as sent, the response as received (streamed or not), latency, and failures
-(an HTTP error status, a timeout, a dropped connection, a stream closed early; the
-exception still reaches the agent, unchanged). The agent is not changed.
+(an HTTP error status, a timeout, a dropped connection, a stream closed early: the error,
+and whatever of the response had arrived; the exception still reaches the agent,
+unchanged). The agent is not changed.
 
 Why at the HTTP layer rather than by wrapping the openai SDK's `create`:
 
@@ -29,24 +30,28 @@ mix calls; `asyncio.to_thread` and LangGraph's threads copy the context). They n
 change a request or a response, and a failure to record never reaches the agent: it is
 raised by the rollout's block when it exits (the rollout is then recorded as failed).
 
-No call is recorded twice: artstore's own `init_chat_model` records its calls itself and
-turns this capture off around them (`unrecorded()`); ART's `init_chat_model` logs each
-call after it was sent, and that record names the HTTP one it supersedes (matched by the
-response id LangChain keeps in `response_metadata["id"]`), see `Rollout.record_llm_call`.
-Inside ART's own capture, calls are recorded from HTTP whatever made them (a LangChain
-record then supersedes the HTTP one in `v_llm_calls`, and the HTTP one still gives the
-exchange).
+No request is recorded twice, and none is left out: ART's `init_chat_model` logs each
+call after it was sent, and that record names the HTTP one it supersedes (the same
+response id, or for a response LangChain streamed, which keeps no id, the same answer:
+`artstore.capture.matching`). artstore's own `init_chat_model` records its calls itself,
+inside `attempts()`: there only the requests that failed (the openai SDK retries some)
+are recorded from HTTP, and the chat model's record of a failed call supersedes the last
+of them. Inside ART's own capture, calls are recorded from HTTP whatever made them (a
+LangChain record then supersedes the HTTP one in `v_llm_calls`, and the HTTP one still
+gives the exchange). Outside any rollout, inside ART's PipelineTrainer's rollout function
+(`artstore.capture.group`), calls are recorded for the group's trajectories.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -55,12 +60,13 @@ import httpx
 from artstore import art_versions
 from artstore.capture import credentials
 from artstore.capture import exchanges as docs
+from artstore.capture import matching
 from artstore.errors import NoRolloutError
 from artstore.events import LLMCall, new_id
 from artstore.eventstore.blobs import blob_hash, blob_json
 
 if TYPE_CHECKING:
-    from artstore.capture.rollout import Rollout
+    from artstore.capture.rollout import CallTarget
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +76,10 @@ _RECORDING: contextvars.ContextVar[bool] = contextvars.ContextVar(
 #: Set by ART's `model.openai_client()` around its calls (ART >= 0.5.20): its policy-span mode.
 _ART_CLIENT: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "artstore_art_client", default=None
+)
+#: Set by `attempts()`: the HTTP records of the chat-model call in progress, collected.
+_ATTEMPTS: contextvars.ContextVar[list[LLMCall] | None] = contextvars.ContextVar(
+    "artstore_http_attempts", default=None
 )
 _CAPTURE = "_artstore_capture"  # the attribute of a response being recorded
 _MAX_ERROR_BODY = 2000  # characters of an error response kept in the error message
@@ -82,15 +92,36 @@ _install_lock = threading.Lock()
 def unrecorded() -> Iterator[None]:
     """Calls made inside are not recorded from HTTP (they are recorded another way, or not).
 
-    artstore's `init_chat_model` records its calls itself; use this around an LLM call
-    that is not the agent's (a judge, a summariser) made inside a rollout's block. A call
-    that ART's own capture takes (inside `art.trajectory(...)`) is recorded all the same:
-    the rollout's trajectory is then ART's exchanges, and must hold it as ART's does.
+    Use this around an LLM call that is not the agent's (a judge, a summariser) made
+    inside a rollout's block. A call that ART's own capture takes (inside
+    `art.trajectory(...)`) is recorded all the same, if it succeeded: the rollout's
+    trajectory is then ART's exchanges, and must hold it as ART's does.
     """
     token = _RECORDING.set(False)
     try:
         yield
     finally:
+        _RECORDING.reset(token)
+
+
+@contextlib.contextmanager
+def attempts() -> Iterator[list[LLMCall]]:
+    """A call that records itself, made inside: the HTTP requests it sends, as records.
+
+    For a chat model that records each of its calls itself (artstore's `init_chat_model`)
+    while its client may send several requests for one call (the openai SDK retries a
+    failed request). Inside, as in `unrecorded()`, a successful request is recorded from
+    HTTP only where ART's own capture takes it; a failed one is always recorded (each is
+    a request the server received). The list holds these records, in order: the chat
+    model's own record supersedes the last one when that is the same outcome
+    (`Rollout.record_llm_call(..., attempts=...)`), so each request is one row.
+    """
+    found: list[LLMCall] = []
+    token, collecting = _RECORDING.set(False), _ATTEMPTS.set(found)
+    try:
+        yield found
+    finally:
+        _ATTEMPTS.reset(collecting)
         _RECORDING.reset(token)
 
 
@@ -203,10 +234,12 @@ def _hook_httpx() -> None:
 
 
 def _begin(request: httpx.Request) -> _Capture | None:
-    """A capture for `request` when it is an LLM call of the current rollout, else None."""
+    """A capture for `request` when it is an LLM call of the current rollout (or of the
+    group being rolled out, `artstore.capture.group`), else None."""
+    from artstore.capture.group import current_group
     from artstore.capture.rollout import current_rollout
 
-    rollout = current_rollout()
+    rollout = current_rollout() or current_group()
     try:
         return _capture_for(rollout, request)
     except Exception as exc:  # never the agent's problem; the rollout's block raises it
@@ -215,13 +248,17 @@ def _begin(request: httpx.Request) -> _Capture | None:
         return None
 
 
-def _capture_for(rollout: Rollout | None, request: httpx.Request) -> _Capture | None:
+def _capture_for(rollout: CallTarget | None, request: httpx.Request) -> _Capture | None:
     if rollout is None or rollout.closed or request.method != "POST":
         return None
     endpoint = docs.endpoint_for_url(str(request.url))
     if endpoint is None:
         return None
-    if not _RECORDING.get() and art_versions.art_capture_target() is None:
+    if (
+        not _RECORDING.get()
+        and _ATTEMPTS.get() is None
+        and art_versions.art_capture_target() is None
+    ):
         return None  # recorded another way, or not at all (unless ART captures it: see below)
     try:
         body = json.loads(request.content)
@@ -232,16 +269,27 @@ def _capture_for(rollout: Rollout | None, request: httpx.Request) -> _Capture | 
     return _Capture(rollout, endpoint, body)
 
 
+def _current_task() -> asyncio.Task | None:
+    """The asyncio task running here, None in a thread without an event loop."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
+
+
 class _Capture:
     """One call on its way: the request, and the response bytes as they arrive."""
 
-    def __init__(self, rollout: Rollout, endpoint: str, request: dict[str, Any]) -> None:
+    def __init__(self, rollout: CallTarget, endpoint: str, request: dict[str, Any]) -> None:
         self.rollout = rollout
+        self.origin = _current_task()
         self.endpoint = endpoint
         self.request = request
         self.stream = request.get("stream") is True
         self.art_target = art_versions.art_capture_target()
         self.art_client = _ART_CLIENT.get() if endpoint == "chat_completions" else None
+        self.recording = _RECORDING.get()  # False: `unrecorded()` or `attempts()`
+        self.attempts = _ATTEMPTS.get()
         self.started_at = datetime.now(UTC)
         self.clock = time.perf_counter()
         self.status: int | None = None
@@ -300,9 +348,11 @@ class _Capture:
         finished_at = datetime.now(UTC)
         latency_s = time.perf_counter() - self.clock
         body, self.body = bytes(self.body), bytearray()
+        if not self.recording and not self._kept(self._failure(body, error) is not None):
+            return
         try:
             self.rollout._submit_call(
-                lambda: self._event(body, error, finished_at, latency_s),
+                lambda: self._event(body, error, finished_at, latency_s), self.origin
             )
         except NoRolloutError:
             logger.warning(
@@ -313,6 +363,12 @@ class _Capture:
         except Exception as exc:
             self.rollout._capture_failed(exc)
 
+    def _kept(self, failed: bool) -> bool:
+        """Whether a call made in `unrecorded()` or `attempts()` is recorded from HTTP."""
+        if failed:  # ART keeps no exchange of a failed call
+            return self.attempts is not None
+        return self.art_target is not None
+
     # --- the event ------------------------------------------------------------------------
 
     def _event(
@@ -321,7 +377,7 @@ class _Capture:
         error: BaseException | None,
         finished_at: datetime,
         latency_s: float,
-    ) -> tuple[LLMCall, dict[str, str], str | None]:
+    ) -> tuple[LLMCall, dict[str, str], list[str]]:
         redact = self.rollout.redact
         blobs: dict[str, str] = {}
         redacted: list[bool] = []
@@ -352,23 +408,58 @@ class _Capture:
             "latency_s": latency_s,
             "art_client": self.art_client,
         }
-        response_id = None
         failure = self._failure(body, error)
-        if failure is not None:
+        if failure is None:
+            keys = self._answered(fields, body, blob, prompt_held_secret)
+        else:
+            keys = []
             fields["error_type"], message = failure
             fields["error_message"] = redact(message)
-        else:
-            document = docs.response_document(body, stream=self.stream)
-            document = docs.redact_response(document, redact, prompt_held_secret=prompt_held_secret)
-            fields["output"] = blob(document)
-            response_id = docs.response_id(document)
-            if self.endpoint == "chat_completions":
-                summary = docs.call_summary(document)
-                if summary.get("tool_calls"):  # arguments as the model wrote them: secrets out
-                    summary["tool_calls"] = json.loads(redact(blob_json(summary["tool_calls"])))
-                fields |= {k: v for k, v in summary.items() if v is not None or k != "model"}
-            fields |= self._art_exchange(response_id)
-        return LLMCall(**fields), blobs, response_id
+            if body:  # what arrived: the error the server sent, or the stream so far
+                ok = self.status is not None and 200 <= self.status < 300
+                document = docs.response_document(body, stream=self.stream and ok)
+                fields["output"] = blob(
+                    docs.redact_response(document, redact, prompt_held_secret=prompt_held_secret)
+                )
+        event = LLMCall(**fields)
+        if self.attempts is not None:
+            self.attempts.append(event)
+        return event, blobs, keys
+
+    def _answered(
+        self,
+        fields: dict[str, Any],
+        body: bytes,
+        blob: Callable[[Any], str],
+        prompt_held_secret: bool,
+    ) -> list[str]:
+        """The fields of a call that succeeded (added to `fields`); its keys (`_keys`)."""
+        redact = self.rollout.redact
+        document = docs.response_document(body, stream=self.stream)
+        response_id = docs.response_id(document)
+        keys = self._keys(response_id, document)  # of the answer as LangChain got it
+        document = docs.redact_response(document, redact, prompt_held_secret=prompt_held_secret)
+        fields["output"] = blob(document)
+        if self.endpoint == "chat_completions":
+            summary = docs.call_summary(document)
+            if summary.get("tool_calls"):  # arguments as the model wrote them: secrets out
+                summary["tool_calls"] = json.loads(redact(blob_json(summary["tool_calls"])))
+            fields |= {k: v for k, v in summary.items() if v is not None or k != "model"}
+        fields |= self._art_exchange(response_id)
+        return keys
+
+    def _keys(self, response_id: str | None, document: dict[str, Any]) -> list[str]:
+        """What a LangChain record of this call finds it by (`artstore.capture.matching`).
+
+        LangChain keeps the response id of a response it got whole; of a streamed one, it
+        keeps only the answer.
+        """
+        if self.attempts is not None:
+            return []  # the chat model that made it knows it: `attempts()`
+        answer = None
+        if self.stream and self.endpoint == "chat_completions":
+            answer = matching.answer_key_of_response(self.request, document)
+        return matching.keys(response_id, answer)
 
     def _failure(self, body: bytes, error: BaseException | None) -> tuple[str, str] | None:
         """(error type, message) of a call that failed, or None."""

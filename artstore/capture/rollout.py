@@ -8,7 +8,8 @@ through `artstore.langgraph.init_chat_model` or ART's own `art.langgraph.init_ch
 (LangChain messages), and every OpenAI-compatible HTTP call made through an `openai`
 client, ART's `model.openai_client()` included (`artstore.capture.http`); a loop of your
 own can also record with `rollout.record_llm_call(input, output)`. Each call is recorded
-once: a LangChain record of a call already recorded from HTTP supersedes that record.
+once: a LangChain record of a call already recorded from HTTP supersedes that record
+(`artstore.capture.matching` says how it is found).
 Calls are handed to the store's writer without waiting for a commit; the block's exit
 waits for all of them and records `rollout.finished` (or `rollout.failed`, and the
 exception still reaches the caller), so a rollout is durable once its block has exited.
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from artstore.capture import matching
 from artstore.capture import messages as lc
 from artstore.errors import InvalidEventError, NoRolloutError, StorageFullError
 from artstore.events import (
@@ -106,7 +108,55 @@ def _openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
     return [t if isinstance(t, dict) else convert_to_openai_tool(t) for t in tools]
 
 
-class Rollout:
+class CallTarget:
+    """What the HTTP capture (`artstore.capture.http`) records a call into: a rollout, or
+    the calls of a group being rolled out (`artstore.capture.group`).
+
+    The capture builds each call's event in the thread that saw it end and hands it to
+    `_submit_call`; `origin` is the asyncio task that sent the request (None in a thread).
+    """
+
+    id: str
+    redact: Redactor
+    closed: bool
+
+    def __init__(self) -> None:
+        self._numbering = threading.Lock()  # calls are numbered by whatever thread records
+        self._claimed_exchanges: set[int] = set()  # ART exchanges matched to a call
+        self._open_calls: set[Any] = set()  # HTTP calls whose response is not complete yet
+
+    def _submit_call(
+        self,
+        make: Callable[[], tuple[LLMCall, dict[str, str], list[str]]],
+        origin: asyncio.Task | None = None,
+    ) -> None:
+        raise NotImplementedError
+
+    def _capture_failed(self, error: Exception) -> None:
+        raise NotImplementedError
+
+    def _claim_art_exchange(self, trajectory: Any, endpoint: str, response_id: str | None):
+        """The exchange ART captured for this call (the newest unclaimed one with its id)."""
+        from artstore.art_versions import captured_exchanges
+
+        with self._numbering:
+            for exchange in reversed(captured_exchanges(trajectory, endpoint)):
+                if id(exchange) in self._claimed_exchanges:
+                    continue
+                if getattr(exchange.response, "id", None) == response_id:
+                    self._claimed_exchanges.add(id(exchange))
+                    return exchange
+        return None
+
+    def _end_open_calls(self) -> None:
+        """Streams still open when the block exits: recorded as calls that did not complete."""
+        with self._numbering:
+            open_calls, self._open_calls = list(self._open_calls), set()
+        for call in open_calls:
+            call.finish()
+
+
+class Rollout(CallTarget):
     """The recorder of one rollout.
 
     Set `result` (JSON, a pydantic model or a dataclass) before the block exits; `metrics`,
@@ -123,6 +173,7 @@ class Rollout:
         inference_api_key: str | None,
         inference_model_name: str | None,
     ) -> None:
+        super().__init__()
         self.store = store
         self.id = rollout_id
         self.model_name = model_name
@@ -150,12 +201,11 @@ class Rollout:
         self._handoffs_lock = threading.Lock()
         self._handoff_error: Exception | None = None
         self._sent_blobs: set[str] = set()  # blob bodies already queued by this rollout
-        self._numbering = threading.Lock()  # calls are numbered by whatever thread records
         self._indexes: dict[str, int] = {}  # call id -> index
-        # Calls recorded from HTTP, by response id, that a LangChain record may supersede.
+        # Calls recorded from HTTP that a LangChain record may supersede, by each of their
+        # keys (`artstore.capture.matching`); `_taken` holds those superseded already.
         self._http_calls: dict[str, list[LLMCall]] = {}
-        self._claimed_exchanges: set[int] = set()  # ART exchanges matched to a call
-        self._open_calls: set[Any] = set()  # HTTP calls whose response is not complete yet
+        self._taken: set[str] = set()
 
     @property
     def stream_id(self) -> str:
@@ -193,6 +243,7 @@ class Rollout:
         started_at: datetime | None = None,
         latency_s: float | None = None,
         error: BaseException | None = None,
+        attempts: Sequence[LLMCall] | None = None,
     ) -> None:
         """Record one LLM call; returns at once. Callable from the rollout's task or any thread.
 
@@ -200,20 +251,30 @@ class Rollout:
         `output` the `AIMessage` it returned (None for a failed call, with `error`), `tools`
         what it was offered (OpenAI tool dicts, or LangChain tools, converted as ART does).
         The messages are serialised here, in the caller's thread, as they are now; the
-        append is queued and its commit awaited when the block exits. When the output's
-        response id (`response_metadata["id"]`) is that of a call this rollout recorded
-        from HTTP, this record supersedes that one (it is the same call).
+        append is queued and its commit awaited when the block exits.
+
+        When this rollout recorded the same call from HTTP, this record supersedes that
+        one: the HTTP record with the same response id, or for a streamed response the
+        same answer (`artstore.capture.matching`). A chat model that made the call inside
+        `artstore.capture.http.attempts()` passes what it collected as `attempts`: then
+        this record supersedes the last of them if that has the same outcome (an answer,
+        or a failure), and no other.
         """
         self._submit_call(
             lambda: self._llm_call_event(
-                input, output, tools, call_id, started_at, latency_s, error
+                input, output, tools, call_id, started_at, latency_s, error, attempts
             )
         )
 
-    def _submit_call(self, make: Callable[[], tuple[LLMCall, dict[str, str], str | None]]):
+    def _submit_call(
+        self,
+        make: Callable[[], tuple[LLMCall, dict[str, str], list[str]]],
+        origin: asyncio.Task | None = None,
+    ) -> None:
         """Build an `llm.call` event with `make` (in the caller's thread), number it, queue it.
 
-        `make` returns (event, blobs, response id of a call recorded from HTTP or None).
+        `make` returns (event, blobs, the keys a later record of the same call finds it
+        by: those of a call recorded from HTTP, none for any other).
         """
         on_loop = threading.get_ident() == self._loop_thread
         if self.closed:
@@ -225,8 +286,8 @@ class Rollout:
             with self._handoffs_lock:
                 self._handoffs += 1
         try:
-            event, blobs, response_id = make()
-            event = self._number(event, response_id)
+            event, blobs, keys = make()
+            event = self._number(event, keys)
         except BaseException:
             if not on_loop:
                 self._handoff_done()
@@ -236,7 +297,7 @@ class Rollout:
         else:  # a sync call in a worker thread: hand over to the store's loop
             self._loop.call_soon_threadsafe(self._queue_llm_call, event, blobs, True)
 
-    def _number(self, event: LLMCall, response_id: str | None) -> LLMCall:
+    def _number(self, event: LLMCall, keys: list[str]) -> LLMCall:
         """The call's index: the next one, or that of the call it supersedes."""
         with self._numbering:
             if event.supersedes is not None:
@@ -244,37 +305,24 @@ class Rollout:
             else:
                 index, self._calls = self._calls, self._calls + 1
             self._indexes[event.call_id] = index
-            if response_id is not None and event.output is not None:
-                self._http_calls.setdefault(response_id, []).append(event)
+            if event.error_type is None:
+                for key in keys:
+                    self._http_calls.setdefault(key, []).append(event)
         return event.model_copy(update={"index": index})
 
-    def _superseded(self, response_id: Any) -> LLMCall | None:
-        """The oldest call recorded from HTTP with this response id, taken (once)."""
-        if not isinstance(response_id, str):
-            return None
+    def _superseded(self, keys: list[str]) -> LLMCall | None:
+        """The newest call recorded from HTTP under the first of `keys` that finds one, taken
+        (once: a call found by its response id is not found again by its answer)."""
         with self._numbering:
-            found = self._http_calls.get(response_id)
-            return found.pop(0) if found else None
-
-    def _claim_art_exchange(self, trajectory: Any, endpoint: str, response_id: str | None):
-        """The exchange ART captured for this call (the newest unclaimed one with its id)."""
-        from artstore.art_versions import captured_exchanges
-
-        with self._numbering:
-            for exchange in reversed(captured_exchanges(trajectory, endpoint)):
-                if id(exchange) in self._claimed_exchanges:
-                    continue
-                if getattr(exchange.response, "id", None) == response_id:
-                    self._claimed_exchanges.add(id(exchange))
-                    return exchange
+            for key in keys:
+                found = self._http_calls.get(key) or []
+                while found and found[-1].call_id in self._taken:
+                    found.pop()
+                if found:
+                    call = found.pop()
+                    self._taken.add(call.call_id)
+                    return call
         return None
-
-    def _end_open_calls(self) -> None:
-        """Streams still open when the block exits: recorded as calls that did not complete."""
-        with self._numbering:
-            open_calls, self._open_calls = list(self._open_calls), set()
-        for call in open_calls:
-            call.finish()
 
     def _capture_failed(self, error: Exception) -> None:
         """A call could not be recorded: the block's exit raises it (nobody else can see it)."""
@@ -290,7 +338,8 @@ class Rollout:
         started_at: datetime | None,
         latency_s: float | None,
         error: BaseException | None,
-    ) -> tuple[LLMCall, dict[str, str], None]:
+        attempts: Sequence[LLMCall] | None = None,
+    ) -> tuple[LLMCall, dict[str, str], list[str]]:
         blobs: dict[str, str] = {}
         try:
             messages = lc.as_messages(input)
@@ -325,15 +374,29 @@ class Rollout:
                 "num_logprobs": lc.count_logprobs(output),
                 "model": metadata.get("model_name") or self.inference_model_name,
             }
-            same = self._superseded(metadata.get("id"))
-            if same is not None:  # recorded from HTTP already: this record replaces it
-                fields["supersedes"] = same.call_id
-                if started_at is None and latency_s is None:
-                    fields["started_at"], fields["latency_s"] = same.started_at, same.latency_s
+        same = self._same_call(messages, output, attempts)
+        if same is not None:  # recorded from HTTP already: this record replaces it
+            fields["supersedes"] = same.call_id
+            fields["stream"], fields["art_exchange"] = same.stream, same.art_exchange
+            if started_at is None and latency_s is None:
+                fields["started_at"], fields["latency_s"] = same.started_at, same.latency_s
         if error is not None:
             fields["error_type"] = type(error).__name__
             fields["error_message"] = self.redact(str(error) or repr(error))
-        return LLMCall(index=0, **fields), blobs, None  # validated here, numbered when submitted
+        return LLMCall(index=0, **fields), blobs, []  # validated here, numbered when submitted
+
+    def _same_call(
+        self, messages: list[BaseMessage], output: Any, attempts: Sequence[LLMCall] | None
+    ) -> LLMCall | None:
+        """The HTTP record of the call a LangChain record records (taken), if any."""
+        if attempts is None:
+            return self._superseded(call_keys(messages, output)) if output is not None else None
+        last = attempts[-1] if attempts else None
+        if last is None or (last.error_type is None) != (output is not None):
+            return None  # its outcome was not recorded from HTTP (only ART's capture does)
+        with self._numbering:
+            self._taken.add(last.call_id)
+        return last
 
     def _queue_llm_call(self, event: LLMCall, blobs: dict[str, str], handoff: bool = False):
         """On the store's loop: queue the call's append, in arrival order."""
@@ -555,6 +618,12 @@ def _install_art_logger(recorder: Rollout) -> tuple[contextvars.ContextVar, cont
 def _reset(token: contextvars.Token, art: tuple[contextvars.ContextVar, contextvars.Token]) -> None:
     CURRENT_ROLLOUT.reset(token)
     art[0].reset(art[1])
+
+
+def call_keys(messages: list[BaseMessage], output: AIMessage) -> list[str]:
+    """The keys an HTTP record of the call that returned `output` is found by."""
+    response_id = (output.response_metadata or {}).get("id")
+    return matching.keys(response_id, matching.answer_key_of_message(len(messages), output))
 
 
 class ArtLogger:

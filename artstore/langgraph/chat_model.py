@@ -6,8 +6,9 @@ recorded with each call, structured output through `bind_tools([schema])` and
 `schema.model_validate(tool_calls[0]["args"])`, string tool-call arguments parsed as JSON.
 Every call becomes an `llm.call` event of the rollout current *at call time*.
 
-Its calls are recorded once, as LangChain messages: the HTTP capture of the rollout
-(`artstore.capture.http`) is off while it calls the model.
+Its calls are recorded once, as LangChain messages. The HTTP capture of the rollout
+(`artstore.capture.http.attempts`) records only the requests of a call that failed (its
+client's SDK may send several); the record of a failed call supersedes the last one.
 
 What it does that ART's wrapper does not:
 
@@ -42,7 +43,7 @@ from langchain_core.runnables.config import merge_configs
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import BaseModel
 
-from artstore.capture.http import unrecorded
+from artstore.capture.http import attempts
 from artstore.capture.rollout import Rollout, require_rollout
 
 CALL_TIMEOUT_S = 10 * 60  # as ART's wrapper: an async call that takes longer fails
@@ -188,15 +189,15 @@ class RecordedChatModel(Runnable[Any, Any]):
             attempt += 1
             started, clock = datetime.now(UTC), time.perf_counter()
             try:
-                with unrecorded():  # recorded here, as LangChain messages: not from HTTP too
+                with attempts() as sent:  # recorded here, as LangChain messages (see _record)
                     output = client.invoke(input, config=self._config(config), **kwargs)
             except Exception as exc:
-                self._record(rollout, input, None, started, clock, exc)
+                self._record(rollout, input, None, started, clock, exc, sent)
                 if not self.retry.should_retry(attempt, exc):
                     raise
                 time.sleep(self.retry.wait_s(attempt))
                 continue
-            self._record(rollout, input, output, started, clock, None)
+            self._record(rollout, input, output, started, clock, None, sent)
             try:
                 return self._parse(output)
             except OutputParserException as exc:
@@ -212,20 +213,20 @@ class RecordedChatModel(Runnable[Any, Any]):
             attempt += 1
             started, clock = datetime.now(UTC), time.perf_counter()
             try:
-                with unrecorded():  # recorded here, as LangChain messages: not from HTTP too
+                with attempts() as sent:  # recorded here, as LangChain messages (see _record)
                     output = await asyncio.wait_for(
                         client.ainvoke(input, config=self._config(config), **kwargs),
                         timeout=CALL_TIMEOUT_S,
                     )
             except (Exception, asyncio.CancelledError) as exc:
-                self._record(rollout, input, None, started, clock, exc)
+                self._record(rollout, input, None, started, clock, exc, sent)
                 if isinstance(exc, asyncio.CancelledError) or not self.retry.should_retry(
                     attempt, exc
                 ):
                     raise
                 await asyncio.sleep(self.retry.wait_s(attempt))
                 continue
-            self._record(rollout, input, output, started, clock, None)
+            self._record(rollout, input, output, started, clock, None, sent)
             try:
                 return self._parse(output)
             except OutputParserException as exc:
@@ -267,7 +268,11 @@ class RecordedChatModel(Runnable[Any, Any]):
         started: datetime,
         clock: float,
         error: BaseException | None,
+        sent: list[Any],
     ) -> None:
+        """Record the call as LangChain messages. Its client's requests were recorded from
+        HTTP only where they failed (the openai SDK retries some) or ART captured them:
+        this record supersedes the last one if it is this outcome."""
         rollout.record_llm_call(
             input,
             output,
@@ -275,6 +280,7 @@ class RecordedChatModel(Runnable[Any, Any]):
             started_at=started,
             latency_s=time.perf_counter() - clock,
             error=error,
+            attempts=sent,
         )
 
     def _parse(self, output: Any) -> Any:

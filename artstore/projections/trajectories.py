@@ -454,7 +454,7 @@ class StoredCalls:
         for rollout_id, calls in by_rollout.items():
             kept = []
             for data in calls:
-                if not data.get("output"):  # failed calls: ART never sees them
+                if not data.get("output") or data.get("error_type"):  # failed: ART never sees them
                     continue
                 if data["call_id"] in superseded:
                     if not data.get("art_exchange"):

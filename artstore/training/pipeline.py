@@ -16,7 +16,9 @@ skipped, never trained. Here the store is the memory, through three public seams
 - its backend is the recording backend (`artstore.recording_backend`): every train call is a train
   step that consumes its groups exactly once per model, settled after a crash;
 - its rollout function is wrapped: each group is recorded (sealed, rewards under the
-  run's scorer) the moment the rollout function returns it, before it is queued;
+  run's scorer) the moment the rollout function returns it, before it is queued, with
+  the LLM calls it made, each in the rollout of its trajectory (`artstore.capture.group`;
+  those of no trajectory, a rollout that raised, in a rollout of the group that failed);
 - its scenarios come from the store: first the scenarios whose groups were recorded
   and not trained (their stored groups are handed to the queue again, not rolled out),
   then the scenarios never finished, by their position in the iterable. ART's own
@@ -40,12 +42,13 @@ from sqlalchemy import select
 
 from artstore.arguments import check_name, check_store
 from artstore.art_versions import has_pipeline_trainer, rewards_have_zero_variance
+from artstore.capture.group import GroupCalls, GroupCapture, capture_group
 from artstore.capture.rollout import to_json_value
 from artstore.errors import ConfigurationError
 from artstore.schema import tables as t
 from artstore.training.backend import RecordingBackend, recording_backend
 from artstore.training.groups import load_groups
-from artstore.training.recording import record_group
+from artstore.training.recording import record_group_with_calls, record_unattributed_calls
 from artstore.training.runs import finish_run, run_scorer, start_run
 from artstore.training.steps import consumed_groups
 
@@ -185,23 +188,54 @@ def _recording_rollout_fn(feed: _Feed, rollout_fn: Any) -> Any:
         if stored is not None:  # recorded before a crash and never trained
             return stored
         initial = feed.trainer.state.policy_version
-        group = await rollout_fn(model, scenario, config)
+        where = {
+            "run": feed.run,
+            "group_id": group_id,
+            "scenario": to_json_value(scenario),
+            "scenario_index": index,
+        }
+        group, calls = await _rolled_out(feed, rollout_fn, (model, scenario, config), where)
+        if calls.unattributed:
+            await record_unattributed_calls(
+                feed.store, calls.unattributed, model=model, policy_step=initial, **where
+            )
         if not isinstance(group, art.TrajectoryGroup) or not group.trajectories:
             return group  # nothing to keep: ART discards it, a restart rolls it out again
         _as_art_would(group, initial, feed.trainer.state.policy_version)
-        await record_group(
-            feed.store,
-            group,
-            run=feed.run,
-            model=model,
-            scorer=feed.scorer,
-            scenario=to_json_value(scenario),
-            scenario_index=index,
-            group_id=group_id,
+        await record_group_with_calls(
+            feed.store, group, calls, model=model, scorer=feed.scorer, **where
         )
         return group
 
     return rollout
+
+
+async def _rolled_out(
+    feed: _Feed, rollout_fn: Any, args: tuple[Any, Any, Any], where: dict[str, Any]
+) -> tuple[Any, GroupCalls]:
+    """The group `rollout_fn` returns, and its LLM calls, each given to its trajectory.
+
+    When `rollout_fn` raises, the calls it made are recorded (as rollouts of the group
+    that failed, with its exception) before the exception goes on to ART.
+    """
+    model = args[0]
+    captured: GroupCapture | None = None
+    try:
+        async with capture_group(model) as captured:
+            group = await rollout_fn(*args)
+    except Exception as exc:
+        if captured is not None and captured.calls:
+            await record_unattributed_calls(
+                feed.store,
+                captured.attribute([]).unattributed,
+                model=model,
+                policy_step=feed.trainer.state.policy_version,
+                error=exc,
+                **where,
+            )
+        raise
+    trajectories = getattr(group, "trajectories", None) or []
+    return group, captured.attribute(trajectories)
 
 
 def _as_art_would(group: art.TrajectoryGroup, initial: int, final: int) -> None:

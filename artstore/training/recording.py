@@ -23,6 +23,7 @@ import asyncio
 import json
 import math
 import numbers
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,7 @@ from artstore.events import (
     GroupSealed,
     ImportedHistory,
     RewardsRecorded,
+    RolloutFailed,
     RolloutFinished,
     RolloutStarted,
     TrajectoryRecorded,
@@ -59,6 +61,8 @@ from artstore.training.runs import ensure_run
 if TYPE_CHECKING:
     import art
 
+    from artstore.capture.group import CapturedCall, GroupCalls
+    from artstore.events import LLMCall
     from artstore.redaction import Redactor
     from artstore.store import Store
 
@@ -222,6 +226,13 @@ def rollout_events(
     ]
 
 
+def numbered_calls(calls: list[CapturedCall], blobs: Blobs) -> list[LLMCall]:
+    """The `llm.call` events of a rollout's captured calls, numbered (their blobs added)."""
+    for call in calls:
+        blobs.update(call.blobs)
+    return [call.event.model_copy(update={"index": i}) for i, call in enumerate(calls)]
+
+
 def _same_content(a: TrajectoryRecorded, b: TrajectoryRecorded) -> bool:
     """Equal trajectories, the reward aside (rewards are the groups' business)."""
     ignore = {"reward", "event_id"}
@@ -326,6 +337,39 @@ async def record_group(
     The new rollouts and the seal are committed in one transaction: a crash leaves
     the group whole or not at all.
     """
+    return await record_group_with_calls(
+        store,
+        group,
+        None,
+        run=run,
+        model=model,
+        scorer=scorer,
+        batch=batch,
+        epoch=epoch,
+        scenario=scenario,
+        scenario_index=scenario_index,
+        policy_step=policy_step,
+        group_id=group_id,
+    )
+
+
+async def record_group_with_calls(
+    store: Store,
+    group: art.TrajectoryGroup,
+    calls: GroupCalls | None,
+    *,
+    run: str,
+    model: Any = None,
+    scorer: str | None = None,
+    batch: int | None = None,
+    epoch: int | None = None,
+    scenario: Any = None,
+    scenario_index: int | None = None,
+    policy_step: int | None = None,
+    group_id: str | None = None,
+) -> str:
+    """`record_group`, each new rollout with the LLM calls `calls` gives its trajectory
+    (`artstore.capture.group`), in the transaction that records it."""
     import art
 
     if not isinstance(group, art.TrajectoryGroup):
@@ -402,6 +446,7 @@ async def record_group(
             blobs=blobs,
             where=f"{where}, trajectory {index}",
         )
+        events[1:1] = numbered_calls(calls.of_trajectory.get(index, []) if calls else [], blobs)
         pending.append((rollout_stream(rollout_id), events, blobs))
     reused = [(i, r) for i, r in enumerate(rollout_ids) if (i, r) not in new_rollouts]
     await _sync(
@@ -464,6 +509,69 @@ def _check_arguments(
     check_json("scenario", to_json_value(scenario))
     if model is not None:
         check_model_name(model)
+
+
+async def record_unattributed_calls(
+    store: Store,
+    calls: list[list[CapturedCall]],
+    *,
+    run: str,
+    group_id: str,
+    model: Any,
+    scenario: Any,
+    scenario_index: int | None,
+    policy_step: int | None,
+    error: BaseException | None = None,
+) -> None:
+    """Calls made while a group was rolled out that belong to none of its trajectories
+    (`artstore.capture.group`): each list as a rollout of the group, recorded as failed
+    (with `error`, the exception of the group's rollout function, if it raised), so that
+    every call made is kept. `record_group` then lists them as its failures."""
+    failure = {
+        "error_type": "NoTrajectory",
+        "error_message": "its LLM calls answered no trajectory of the group (a rollout "
+        "that failed: the group's exceptions say why)",
+        "traceback": "",
+    }
+    if error is not None:
+        failure = {
+            "error_type": type(error).__name__,
+            "error_message": str(error) or repr(error),
+            "traceback": "".join(traceback.format_exception(error)),
+        }
+    store.redact.add(
+        [getattr(model, "inference_api_key", None)],
+        urls=[getattr(model, "inference_base_url", None)],
+    )
+    appends = []
+    for captured in calls:
+        rollout_id = new_id()
+        blobs = Blobs(store.redact)
+        first, last = captured[0].event, captured[-1].event
+        ended = last.finished_at or last.started_at
+        events = [
+            RolloutStarted(
+                rollout_id=rollout_id,
+                run=run,
+                group_id=group_id,
+                scenario=scenario,
+                scenario_index=scenario_index,
+                model=model.name,
+                policy_step=policy_step,
+                started_at=first.started_at,
+            ),
+            *numbered_calls(captured, blobs),
+            RolloutFailed(
+                rollout_id=rollout_id,
+                duration_s=max(0.0, (ended - first.started_at).total_seconds()),
+                **failure,
+            ),
+        ]
+        appends.append(PendingAppend(rollout_stream(rollout_id), events, NO_STREAM, blobs))
+    outcomes = await asyncio.gather(*store.append_together_nowait(appends), return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
 
 
 def _stamp_group(
