@@ -58,9 +58,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from artstore import art_versions
-from artstore.capture import credentials
+from artstore.capture import credentials, matching
 from artstore.capture import exchanges as docs
-from artstore.capture import matching
 from artstore.errors import NoRolloutError
 from artstore.events import LLMCall, new_id
 from artstore.eventstore.blobs import blob_hash, blob_json
