@@ -87,12 +87,6 @@ async def test_a_comment_ended_by_a_carriage_return_hides_nothing(recorded, tmp_
         "WITH gone AS (DELETE FROM rewards RETURNING *) SELECT count(*) FROM gone",
         "SELECT * INTO copied FROM v_runs",
         "SELECT * FROM v_runs FOR UPDATE",
-        "SELECT set_config('role', 'none', true)",
-        "SELECT pg_catalog.set_config('statement_timeout', '0', false)",
-        "SELECT query_to_xml('SELECT 1', true, true, '')",
-        "SELECT dblink_exec('dbname=x', 'DELETE FROM rewards')",
-        "SELECT pg_advisory_lock(7021802808247546469)",
-        "SELECT pg_try_advisory_xact_lock(1)",
         "EXPLAIN ANALYZE DELETE FROM rewards",
         "COPY (SELECT 1) TO PROGRAM 'id'",
         "LOCK TABLE append_lock IN EXCLUSIVE MODE",
@@ -130,8 +124,11 @@ async def test_the_database_refuses_server_files_programs_and_other_sessions(rec
                 "SELECT pg_ls_dir('.')",
                 f"SELECT pg_terminate_backend({pid})",
                 "SELECT set_config('role', 'none', true)",
+                "SELECT pg_catalog.set_config('statement_timeout', '0', false)",
                 "SELECT query_to_xml('SELECT set_config(''role'', ''none'', true)', true, true, "
                 "'')",
+                "SELECT pg_advisory_lock(7021802808247546469)",
+                "SELECT pg_try_advisory_xact_lock(1)",
                 "SELECT lo_import('/etc/hostname')",
                 "LOCK TABLE append_lock IN EXCLUSIVE MODE",
                 "SELECT nextval('events_position_seq')",
@@ -160,12 +157,17 @@ async def test_dblink_cannot_reach_out_as_the_store(postgres_url):
     admin = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(admin, autocommit=True) as connection:
         connection.execute("CREATE EXTENSION IF NOT EXISTS dblink")
+    attack = f"SELECT dblink_exec('dbname={name} user=postgres', 'DELETE FROM rewards')"
+    # A new extension's functions are PUBLIC's: artstore sql runs nothing until the reader
+    # is confined again, and says how.
     async with await artstore.open_store(url, read_only=True) as store:
-        with pytest.raises(QueryRefusedError):
-            await query(store, f"SELECT dblink_exec('dbname={name}', 'DELETE FROM rewards')")
-        await refused_by_the_database(
-            store, f"SELECT dblink_exec('dbname={name} user=postgres', 'DELETE FROM rewards')"
-        )
+        with pytest.raises(QueryError, match=r"dblink\w*\(.*artstore db upgrade"):
+            await query(store, "SELECT count(*) FROM v_rewards")
+    async with await artstore.open_store(url) as store:  # what `artstore db upgrade` does
+        assert await store.database.confine_reader() == []
+    async with await artstore.open_store(url, read_only=True) as store:
+        with pytest.raises(QueryRefusedError, match="permission denied for function dblink"):
+            await run_read_only(store.database, attack)
         assert (await query(store, "SELECT count(*) FROM v_rewards")).rows[0][0] > 0
 
 
@@ -182,7 +184,11 @@ async def test_a_query_cannot_take_the_append_lock(recorded):
         recorded.append("run-during", [RunFinished(run="during")]), timeout=30
     )
     assert appended.written
-    await holder
+    if recorded.dialect == "postgresql":  # not even an advisory lock of its own
+        with pytest.raises(QueryRefusedError, match="permission denied for function"):
+            await holder
+    else:
+        await holder
     if recorded.dialect == "sqlite":
         with pytest.raises(QueryRefusedError):  # no write lock from a read-only file
             await run_read_only(recorded.database, "BEGIN IMMEDIATE")
@@ -259,7 +265,8 @@ def _peak_memory_of(url: str, rows: int) -> tuple[int, int]:
         "print(child.returncode, lines, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    command = artstore_command("sql", "--url", url, "--format", "csv", statement)
+    # No time limit: the rows take as long as the machine needs.
+    command = artstore_command("sql", "--url", url, "--format", "csv", "--timeout", "0", statement)
     done = subprocess.run(
         [sys.executable, "-c", code, *command], capture_output=True, text=True, env=env
     )
@@ -318,11 +325,46 @@ def plain_user_url(empty_postgres_url: str):
 async def test_a_store_migrated_by_a_plain_user_works_and_sql_says_what_it_needs(
     plain_user_url,
 ):
+    """A user who is not a superuser cannot confine the reader (the built-in functions are
+    the bootstrap superuser's): artstore sql refuses to run, in one line that says what to
+    do; once a superuser ran `artstore db upgrade`, it runs, confined, and the store's own
+    user still appends, trains and reads (its functions were given back to it)."""
+    import psycopg
+
+    from artstore.training.lease import trainer_lease
+
     async with await artstore.open_store(plain_user_url) as store:  # the migration runs
         await store.append("run-a", [RunFinished(run="a")])
     async with await artstore.open_store(plain_user_url, read_only=True) as store:
-        with pytest.raises(QueryError, match="artstore_reader"):
+        with pytest.raises(QueryError, match="may not act as artstore_reader"):
             await query(store, "SELECT count(*) FROM v_runs")
+    url = make_url(plain_user_url)
+    admin = url.set(drivername="postgresql", username="postgres")
+    with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as db:
+        db.execute(f"GRANT artstore_reader TO {url.username}")
+    async with await artstore.open_store(plain_user_url, read_only=True) as store:
+        with pytest.raises(QueryError, match=r"superuser.*\n?") as refused:
+            await query(store, "SELECT count(*) FROM v_runs")
+    assert "\n" not in str(refused.value) and "artstore db upgrade" in str(refused.value)
+
+    superuser_url = url.set(username="postgres").render_as_string(hide_password=False)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    upgraded = subprocess.run(
+        artstore_command("db", "upgrade", "--url", superuser_url),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert upgraded.returncode == 0 and not upgraded.stderr, upgraded.stderr
+    async with await artstore.open_store(plain_user_url) as store:
+        await store.append("run-b", [RunFinished(run="b")])
+        async with trainer_lease(store.database, "b", "project/b"):
+            pass
+        assert len(await store.read_all()) == await store.last_position() == 2
+        assert (await query(store, "SELECT count(*) FROM v_runs")).rows == [(0,)]
+        with pytest.raises(QueryRefusedError, match="permission denied for function"):
+            await run_read_only(store.database, "SELECT pg_advisory_lock(1)")
 
 
 async def test_a_kept_query_connection_keeps_its_guards(recorded):
@@ -331,9 +373,11 @@ async def test_a_kept_query_connection_keeps_its_guards(recorded):
     if recorded.dialect == "postgresql":
         from artstore.eventstore.postgres import lock_key
 
-        # A session-level advisory lock survives its transaction; the session's reset
-        # releases it before the connection serves the next query.
-        await run_read_only(recorded.database, f"SELECT pg_advisory_lock({lock_key('kept')})")
+        # A session-level setting survives its transaction (the session's reset takes it
+        # back); an advisory lock would too, and the reader may not take one.
+        await run_read_only(recorded.database, "SET statement_timeout = 0")
+        with pytest.raises(QueryRefusedError, match="permission denied for function"):
+            await run_read_only(recorded.database, f"SELECT pg_advisory_lock({lock_key('kept')})")
         assert await recorded.database.lock_held("kept") is False
     for _ in range(3):  # the same few connections, again and again
         await refused_by_the_database(recorded, "SELECT count(*) FROM events")
