@@ -29,6 +29,7 @@ JSON as its text, PostgreSQL's numerics as int or float.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import functools
 import re
@@ -324,7 +325,13 @@ def _text(statement: str) -> Any:
 
 class _Deadline:
     """One deadline for everything a query does: each step of it waits for what is left;
-    past it, the query is stopped (`stop`), and the session it ran on is dropped."""
+    past it, or when the caller gives up, the query is stopped, and the session it ran on
+    is dropped.
+
+    A step runs as a task of its own, shielded: a cancelled step makes SQLAlchemy drop the
+    connection at once, which on SQLite waits for the statement under way; so the
+    database is told to stop first (`stop`: SQLite's progress handler), then the step is
+    cancelled (asyncpg then cancels the statement on the server) and awaited."""
 
     def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout
@@ -333,19 +340,26 @@ class _Deadline:
 
     async def run(self, step: Callable[[], Awaitable[T]], stop: Callable[[], None]) -> T:
         left = None if self.at is None else self.at - time.monotonic()
-        try:
-            if left is not None and left <= 0:
-                raise TimeoutError
-            async with asyncio.timeout(left):
-                return await step()
-        except TimeoutError:
+        if left is not None and left <= 0:
             self.stopped = True
-            stop()
+            raise QueryError(_time_limit(self.timeout))
+        running = asyncio.ensure_future(step())
+        try:
+            async with asyncio.timeout(left):
+                return await asyncio.shield(running)
+        except TimeoutError:
+            await self._stop(running, stop)
             raise QueryError(_time_limit(self.timeout)) from None
         except asyncio.CancelledError:  # the caller gave up on the query
-            self.stopped = True
-            stop()
+            await self._stop(running, stop)
             raise
+
+    async def _stop(self, running: asyncio.Future[Any], stop: Callable[[], None]) -> None:
+        self.stopped = True
+        stop()
+        running.cancel()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await running
 
 
 def _time_limit(timeout: float | None) -> str:
