@@ -158,13 +158,15 @@ async def _print_table(columns: list[str], batches: Batches) -> None:
             headed = True
         pending.clear()
 
-    async for batch in batches:
-        for row in batch:
-            pending.append(row)
-            count += 1
-            if len(pending) >= TABLE_PAGE:
-                flush()
-    flush()
+    try:
+        async for batch in batches:
+            for row in batch:
+                pending.append(row)
+                count += 1
+                if len(pending) >= TABLE_PAGE:
+                    flush()
+    finally:  # a query stopped on the way (its bounds) shows the rows before, then why
+        flush()
     err_console.print(f"{count} row{'s' if count != 1 else ''}", highlight=False)
 
 
