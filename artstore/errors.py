@@ -143,6 +143,11 @@ class QueryError(ArtstoreError):
     """The database could not run an analysis query (a syntax error, an unknown column...)."""
 
 
+class ResultTooLargeError(QueryError):
+    """An analysis query's rows went past the bytes a query may hand over (the rows before
+    were handed over)."""
+
+
 class ExchangeFormatError(ArtstoreError, ValueError):
     """A file given to `artstore import` is not in a format artstore reads (nothing imported)."""
 

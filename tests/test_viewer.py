@@ -11,6 +11,7 @@ Each page's screenshot goes to $ARTSTORE_SCREENSHOTS (or a folder of the session
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import os
 import statistics
@@ -530,11 +531,49 @@ def test_sql_page_runs_a_read_only_query_and_refuses_writes(browser, viewer):
     shot(browser, viewer, "sql")
 
     before = in_store(viewer.url, event_count)
-    visit(browser, viewer, "/sql?q=" + quote("DELETE FROM events"))
-    assert texts(browser, "#sql-error")[0].startswith("refused: artstore sql only reads")
-    visit(browser, viewer, "/sql?q=" + quote("SELECT 1; DELETE FROM events"))
-    assert "refused" in texts(browser, "#sql-error")[0]
+    for statement, said in [
+        ("DELETE FROM events", "refused: artstore sql only reads"),
+        ("SELECT 1; DELETE FROM events", "refused"),
+    ]:
+        visit(browser, viewer, "/sql?q=" + quote(statement))  # fills the form, runs nothing
+        assert browser.find_element("id", "sql-input").get_property("value") == statement
+        assert texts(browser, "#sql-error") == []
+        browser.find_element("css selector", "#sql-form button").click()
+        wait_for(browser, "return !!document.getElementById('sql-error')")
+        assert texts(browser, "#sql-error")[0].startswith(said)
     assert in_store(viewer.url, event_count) == before
+
+
+def test_a_page_of_another_site_cannot_run_a_query(browser, viewer, tmp_path):
+    """A page served from another origin posts the SQL form to the viewer (with the
+    viewer's real token even, as if it had leaked) and loads its SQL page as an image:
+    the browser says where the request comes from, and the viewer runs nothing."""
+    import http.server
+    import re
+    import threading
+    import urllib.request
+
+    with urllib.request.urlopen(viewer.address + "sql", timeout=60) as answer:
+        token = re.search(r'name="csrf_token" value="([^"]+)"', answer.read().decode())[1]
+    failing = quote("SELECT * FROM no_such_view")
+    (tmp_path / "index.html").write_text(
+        f'<img src="{viewer.address}sql?q={failing}">'
+        f'<form method="post" action="{viewer.address}sql">'
+        '<input name="q" value="SELECT * FROM no_such_view">'
+        f'<input name="csrf_token" value="{token}"></form>'
+        "<script>setTimeout(() => document.forms[0].submit(), 200)</script>"
+    )
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=tmp_path)
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as other_site:
+        threading.Thread(target=other_site.serve_forever, daemon=True).start()
+        browser.get(f"http://127.0.0.1:{other_site.server_address[1]}/index.html")
+        wait_for(browser, "return location.pathname === '/sql'", timeout=60)
+        wait_for(browser, "return document.readyState === 'complete'")
+        other_site.shutdown()
+    shown = browser.find_element("tag name", "body").text
+    assert shown.startswith("403: the SQL page runs queries from itself only"), shown
+    assert "no_such_view" not in shown
+    console_errors(browser)  # the 403 is expected
 
 
 def test_unknown_ids_say_so_in_one_line(browser, viewer):

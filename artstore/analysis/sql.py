@@ -6,17 +6,21 @@
         async for row in rows:
             ...
 
-Safe by construction, in layers that do not depend on each other:
+Confined by the database; the parser only explains refusals early:
 
 1. the parser (sqlglot, in the store's dialect): one statement, a query (SELECT, VALUES,
    WITH ... SELECT, EXPLAIN of those) with nothing that writes anywhere in it (a
-   data-modifying CTE, SELECT INTO, FOR UPDATE), and no call of a function that changes
-   the session, runs SQL given as text or takes locks;
+   data-modifying CTE, SELECT INTO, FOR UPDATE), refused in words of its own;
 2. the database: PostgreSQL runs the query as the role `artstore_reader`, which may read
-   the views and nothing else, in a READ ONLY transaction with a statement timeout;
-   SQLite opens the file read-only (`mode=ro`), with an authorizer that lets the query
-   read the views and nothing else, and a progress handler that stops it at the timeout;
-3. rows are streamed (a server-side cursor on PostgreSQL), never all held in memory.
+   the views and run the functions of an allow-list and nothing else
+   (artstore/eventstore/reader_role.py), in a READ ONLY transaction; SQLite opens the file
+   read-only (`mode=ro`), with an authorizer that lets the query read the views and
+   nothing else;
+3. bounds: one deadline for the whole query (PostgreSQL's statement timeout, SQLite's
+   progress handler, and the session's own clock over every fetch), and bytes: the query
+   runs wrapped so that the database flags a row, or rows of a fetch, past `Bounds`
+   instead of sending them (artstore/analysis/bounded.py); rows are streamed (a
+   server-side cursor on PostgreSQL), never all held in memory.
 
 Values come back the same from both databases: timestamps as UTC text, booleans as 0/1,
 JSON as its text, PostgreSQL's numerics as int or float.
@@ -24,25 +28,36 @@ JSON as its text, PostgreSQL's numerics as int or float.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import functools
 import re
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from decimal import Decimal
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import sqlglot
 from sqlalchemy import text
+from sqlalchemy.exc import ResourceClosedError
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
 
-from artstore.errors import ArtstoreError, DatabaseUnavailableError, QueryError, QueryRefusedError
-from artstore.eventstore.database import Database
+from artstore.analysis.bounded import Bounds, bounded_statement, first_word
+from artstore.errors import (
+    ArtstoreError,
+    DatabaseUnavailableError,
+    QueryError,
+    QueryRefusedError,
+    ResultTooLargeError,
+)
+from artstore.eventstore.database import USER_QUERY_ROW_BYTES, Database
 
 DEFAULT_TIMEOUT_S = 30.0
-BATCH_SIZE = 1000
+T = TypeVar("T")
 
 # sqlglot's name for each database.
 _DIALECTS = {"sqlite": "sqlite", "postgresql": "postgres"}
@@ -69,12 +84,6 @@ _WRITING = (
     exp.Use,
     exp.Into,
     exp.Lock,
-)
-# Functions a query must not call: they change the session (set_config leaves the
-# reader role), run SQL given as text (query_to_xml, dblink), or take locks that the
-# store's writers and trainers use (advisory locks). The database refuses the rest.
-_REFUSED_FUNCTIONS = re.compile(
-    r"^(set_config|dblink\w*|\w*_to_xml\w*|pg_(try_)?advisory\w*|load_extension)$"
 )
 _READING = (exp.Select, exp.SetOperation, exp.Values, exp.Subquery)
 _EXPLAIN = re.compile(
@@ -105,27 +114,29 @@ class QueryRows:
                 yield row
 
 
-async def query(store: Any, sql: str, *, timeout: float | None = DEFAULT_TIMEOUT_S) -> QueryResult:
+async def query(
+    store: Any, sql: str, *, timeout: float | None = DEFAULT_TIMEOUT_S, bounds: Bounds = Bounds()
+) -> QueryResult:
     """Run one read-only query on `store` (a Store, EventStore or Database); all its rows.
 
     Raises QueryRefusedError for anything but one query that reads the views, QueryError
-    when the database reports an error in it or it runs longer than `timeout` seconds
-    (None: no limit).
+    when the database reports an error in it or it runs longer than `timeout` seconds in
+    all (None: no limit), ResultTooLargeError when its rows go past `bounds`.
     """
-    async with stream_query(store, sql, timeout=timeout) as rows:
+    async with stream_query(store, sql, timeout=timeout, bounds=bounds) as rows:
         return QueryResult(rows.columns, [row async for row in rows])
 
 
 @asynccontextmanager
 async def stream_query(
-    store: Any, sql: str, *, timeout: float | None = DEFAULT_TIMEOUT_S
+    store: Any, sql: str, *, timeout: float | None = DEFAULT_TIMEOUT_S, bounds: Bounds = Bounds()
 ) -> AsyncIterator[QueryRows]:
     """`query`, with the rows streamed as the database sends them."""
     database: Database = getattr(store, "database", store)
     statement = read_only_statement(sql, database.dialect)
     if hasattr(store, "flush"):
         await store.flush()  # see what this process appended
-    async with stream_read_only(database, statement, timeout=timeout) as rows:
+    async with stream_read_only(database, statement, timeout=timeout, bounds=bounds) as rows:
         yield rows
 
 
@@ -214,10 +225,6 @@ def _check_reads_only(statement: exp.Expression) -> None:
             )
         if isinstance(node, exp.Select) and node.args.get("locks"):
             raise QueryRefusedError("refused: artstore sql only reads (no FOR UPDATE/SHARE)")
-        if isinstance(node, exp.Func):
-            name = (node.name if isinstance(node, exp.Anonymous) else node.sql_name()).lower()
-            if _REFUSED_FUNCTIONS.match(name):
-                raise QueryRefusedError(f"refused: artstore sql does not call {name}()")
 
 
 def _strip(sql: str) -> str:
@@ -233,42 +240,144 @@ def _strip(sql: str) -> str:
 
 @asynccontextmanager
 async def stream_read_only(
-    database: Database, statement: str, *, timeout: float | None = DEFAULT_TIMEOUT_S
+    database: Database,
+    statement: str,
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    bounds: Bounds = Bounds(),
 ) -> AsyncIterator[QueryRows]:
-    """Run `statement` confined by the database alone (the text is not checked here)."""
+    """Run `statement` confined by the database alone (the text is not checked here),
+    within `timeout` seconds in all and `bounds`."""
+    statement = _strip(statement)
+    deadline = _Deadline(timeout)
     async with database.query_session(timeout) as session:
-        # SQLite's clock counts the work of each batch, as PostgreSQL's statement timeout
-        # counts each fetch from its cursor.
-        restart_clock = session.info.get("restart_clock", lambda: None)
+
+        async def step(work: Callable[[], Awaitable[T]], *, bounded: bool = False) -> T:
+            try:
+                return await deadline.run(work, session.info["stop_query"])
+            except ArtstoreError:
+                raise
+            except Exception as exc:  # the driver's, adapted by SQLAlchemy or not (a cursor's)
+                raise _query_error(exc, database, timeout, bounded=bounded) from None
+
+        plan = await step(lambda: _plan(database, session, statement, bounds))
+        result = await step(lambda: session.stream(_text(plan.statement)), bounded=plan.flagged)
         try:
-            # The text as given: `:name` is not a parameter to SQLAlchemy here.
-            result = await session.stream(text(statement.replace(":", "\\:")))
-        except Exception as exc:  # the driver's, adapted by SQLAlchemy or not (a cursor's)
-            raise _query_error(exc, database, timeout) from None
-        columns = list(result.keys())
+            columns = plan.columns or list(result.keys())
+        except ResourceClosedError:  # a statement that returns no rows (SET, say)
+            columns = []
 
         async def batches() -> AsyncIterator[list[tuple[Any, ...]]]:
-            while True:
-                restart_clock()
-                try:
-                    batch = await result.fetchmany(BATCH_SIZE)
-                except Exception as exc:
-                    raise _query_error(exc, database, timeout) from None
+            handed = 0
+            while columns:
+                batch = await step(lambda: result.fetchmany(bounds.batch_rows))
+                rows, over = _unflagged(batch) if plan.flagged else ([*map(tuple, batch)], False)
+                handed += len(rows)
+                if rows:
+                    yield rows
+                if over:
+                    raise ResultTooLargeError(
+                        f"the query's rows are too large: artstore sql hands over "
+                        f"{bounds.describe()}, and row {handed + 1} goes past that; select "
+                        "fewer or shorter columns (substr, length) or fewer rows"
+                    )
                 if not batch:
                     return
-                yield [tuple(row) for row in batch]
 
         try:
             yield QueryRows(columns, batches())
         finally:
-            await result.close()  # the connection goes back to its pool without a cursor
+            if not deadline.stopped:  # else the session is dropped, its cursor with it
+                await result.close()  # the connection goes back to its pool without a cursor
+
+
+class _Plan(NamedTuple):
+    statement: str  # what runs
+    columns: list[str] | None  # the result's names, when `statement` renames them
+    flagged: bool  # whether the last column flags a row past the bounds
+
+
+async def _plan(database: Database, session: Any, statement: str, bounds: Bounds) -> _Plan:
+    if first_word(statement, database.dialect) == "EXPLAIN":
+        return _Plan(statement, None, False)  # a plan: rows as long as the query at most
+    columns = await database.describe_query(session, statement)
+    wrapped = bounded_statement(statement, columns, bounds) if columns else None
+    if wrapped is None:
+        return _Plan(statement, None, False)
+    return _Plan(wrapped, [column.name for column in columns or ()], True)
+
+
+def _unflagged(batch: Any) -> tuple[list[tuple[Any, ...]], bool]:
+    """The rows of `batch` before the first one flagged past the bounds (without the flag
+    column), and whether there was one."""
+    rows = []
+    for row in batch:
+        if row[-1]:
+            return rows, True
+        rows.append(tuple(row[:-1]))
+    return rows, False
+
+
+def _text(statement: str) -> Any:
+    # The text as given: `:name` is not a parameter to SQLAlchemy here.
+    return text(statement.replace(":", "\\:"))
+
+
+class _Deadline:
+    """One deadline for everything a query does: each step of it waits for what is left;
+    past it, or when the caller gives up, the query is stopped, and the session it ran on
+    is dropped.
+
+    A step runs as a task of its own, shielded: a cancelled step makes SQLAlchemy drop the
+    connection at once, which on SQLite waits for the statement under way; so the
+    database is told to stop first (`stop`: SQLite's progress handler), then the step is
+    cancelled (asyncpg then cancels the statement on the server) and awaited."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self.at = None if not timeout else time.monotonic() + timeout
+        self.stopped = False
+
+    async def run(self, step: Callable[[], Awaitable[T]], stop: Callable[[], None]) -> T:
+        left = None if self.at is None else self.at - time.monotonic()
+        if left is not None and left <= 0:
+            self.stopped = True
+            raise QueryError(_time_limit(self.timeout))
+        running = asyncio.ensure_future(step())
+        try:
+            async with asyncio.timeout(left):
+                return await asyncio.shield(running)
+        except TimeoutError:
+            await self._stop(running, stop)
+            raise QueryError(_time_limit(self.timeout)) from None
+        except asyncio.CancelledError:  # the caller gave up on the query
+            await self._stop(running, stop)
+            raise
+
+    async def _stop(self, running: asyncio.Future[Any], stop: Callable[[], None]) -> None:
+        self.stopped = True
+        stop()
+        running.cancel()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await running
+
+
+def _time_limit(timeout: float | None) -> str:
+    return (
+        f"the query ran longer than its time limit ({timeout or 0:g} s) and was stopped "
+        "(artstore sql --timeout SECONDS allows more)"
+    )
 
 
 async def run_read_only(
-    database: Database, statement: str, *, timeout: float | None = DEFAULT_TIMEOUT_S
+    database: Database,
+    statement: str,
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    bounds: Bounds = Bounds(),
 ) -> QueryResult:
     """`stream_read_only`, all rows at once."""
-    async with stream_read_only(database, statement, timeout=timeout) as rows:
+    async with stream_read_only(database, statement, timeout=timeout, bounds=bounds) as rows:
         return QueryResult(rows.columns, [row async for row in rows])
 
 
@@ -283,6 +392,7 @@ _REFUSALS = (
     "readonly database",  # SQLite: attempt to write a readonly database
     "not authorized",  # SQLite: the authorizer
     "prohibited",  # SQLite: access to x is prohibited (the authorizer, for a table)
+    "data-modifying statement",  # PostgreSQL: DELETE ... RETURNING in a WITH of a query
 )
 _SEVERAL = (
     "multiple commands",  # asyncpg: cannot insert multiple commands into a prepared statement
@@ -294,7 +404,12 @@ _TIMEOUTS = (
 )
 
 
-def _query_error(exc: Exception, database: Database, timeout: float | None) -> Exception:
+def _query_error(
+    exc: Exception, database: Database, timeout: float | None, *, bounded: bool = False
+) -> Exception:
+    """`exc`, raised running a user query, as artstore's error. `bounded`: raised by the
+    query wrapped in its bounds, where a syntax error means that the database takes the
+    statement alone but not as a query (SHOW, FETCH...)."""
     if isinstance(exc, ArtstoreError):
         return exc
     text = str(getattr(exc, "orig", None) or exc).strip()
@@ -302,9 +417,17 @@ def _query_error(exc: Exception, database: Database, timeout: float | None) -> E
     message = re.sub(r"^<class '[^']+'>:\s*", "", text.splitlines()[0] if text else "")
     lowered = message.lower()
     if any(part in lowered for part in _TIMEOUTS):
-        return QueryError(
-            f"the query ran longer than its time limit ({timeout:g} s) and was stopped "
-            "(artstore sql --timeout SECONDS allows more)"
+        return QueryError(_time_limit(timeout))
+    if "string or blob too big" in lowered:  # SQLite: a value past its length limit
+        return ResultTooLargeError(
+            f"a value of the query is longer than {USER_QUERY_ROW_BYTES // 2**20} MiB, the "
+            f"most artstore sql hands over in a row ({message}); select less of it (substr, "
+            "length)"
+        )
+    if bounded and "syntax error" in lowered:
+        return QueryRefusedError(
+            "refused: artstore sql runs one query (SELECT, WITH, VALUES or EXPLAIN), and the "
+            f"database does not take this statement as one ({message})"
         )
     if any(part in lowered for part in _REFUSALS):
         return QueryRefusedError(

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import typer
 
-from artstore.cli.shared import UrlOption, console, run
+from artstore.cli.shared import UrlOption, console, err_console, run
 
 app = typer.Typer(help="Schema migrations and maintenance.", no_args_is_help=True)
 
 
 @app.command()
 def upgrade(url: UrlOption = None) -> None:
-    """Create the database or migrate it to this artstore's schema."""
+    """Create the database or migrate it to this artstore's schema.
+
+    On PostgreSQL, also confine the role artstore sql runs queries as to its functions
+    (again: after CREATE EXTENSION, say); only a superuser may.
+    """
 
     async def work() -> None:
         from artstore.eventstore.database import connect
+        from artstore.eventstore.reader_role import READER_ROLE
         from artstore.store import prepare_schema
         from artstore.urls import resolve_url
 
@@ -22,9 +27,19 @@ def upgrade(url: UrlOption = None) -> None:
         try:
             await database.check_reachable()
             revision = await prepare_schema(database, upgrade=True)
+            unconfined = await database.confine_reader()
         finally:
             await database.dispose()
         console.print(f"{database.display_url} is at schema revision {revision}")
+        if unconfined:
+            err_console.print(
+                f"warning: artstore sql stays off here: {READER_ROLE} may still run "
+                f"{unconfined[0]} and {len(unconfined) - 1} other functions outside artstore's "
+                "allow-list, whose grants only a superuser may change (run artstore db "
+                "upgrade as one)",
+                highlight=False,
+                soft_wrap=True,
+            )
 
     run(work)
 

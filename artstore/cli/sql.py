@@ -31,8 +31,7 @@ TimeoutOption = Annotated[
     typer.Option(
         "--timeout",
         min=0,
-        help="Stop a query that keeps the database busy this many seconds without "
-        "handing over rows (0: no limit).",
+        help="Stop the query this many seconds after it starts, rows printed or not (0: no limit).",
     ),
 ]
 # Rows per table printed at a time: a table needs its rows to size its columns.
@@ -49,7 +48,8 @@ def sql(
     """Run one read-only SQL query over the views and print its rows.
 
     Query the v_* views (README.md, "SQL views"): the same on SQLite and PostgreSQL.
-    Anything that writes is refused; rows are printed as the database sends them.
+    Anything that writes is refused; rows are printed as the database sends them, at
+    most 16 MiB a row and 64 MiB in 1,000 rows.
     """
     if statement is not None and file is not None:
         raise fail("give the query as an argument or with --file, not both")
@@ -158,13 +158,15 @@ async def _print_table(columns: list[str], batches: Batches) -> None:
             headed = True
         pending.clear()
 
-    async for batch in batches:
-        for row in batch:
-            pending.append(row)
-            count += 1
-            if len(pending) >= TABLE_PAGE:
-                flush()
-    flush()
+    try:
+        async for batch in batches:
+            for row in batch:
+                pending.append(row)
+                count += 1
+                if len(pending) >= TABLE_PAGE:
+                    flush()
+    finally:  # a query stopped on the way (its bounds) shows the rows before, then why
+        flush()
     err_console.print(f"{count} row{'s' if count != 1 else ''}", highlight=False)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Annotated
 
 import typer
@@ -23,12 +24,21 @@ def ui(
     port: Annotated[
         int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free port).")
     ] = 8321,
+    sql_timeout: Annotated[
+        float,
+        typer.Option(
+            "--sql-timeout",
+            min=0,
+            help="Stop a query of the SQL page this many seconds after it starts (0: no limit).",
+        ),
+    ] = 30.0,
 ) -> None:
     """Look at runs in a web browser (read-only, on this machine).
 
     Runs (live while they train), reward curves per scorer, train-step metrics, groups
     side by side, trajectories with each token's logprob, scorer and run comparisons,
-    and read-only SQL. Nothing is written to the store.
+    and read-only SQL. Nothing is written to the store. Listening beyond loopback, it
+    asks for the token in the address it prints.
     """
 
     async def check() -> str:
@@ -43,23 +53,28 @@ def ui(
     where = run(check)
     from artstore.viewer import serve  # the web stack: only for this command
 
+    beyond_loopback = host not in LOOPBACK and not host.startswith("127.")
+    # Beyond this machine, the address is the login: every request must carry its token.
+    token = secrets.token_urlsafe(24) if beyond_loopback else None
+
     def ready(address: str) -> None:
+        shown = f"{address}?token={token}" if token else address
         console.print(
-            f"artstore ui: [bold]{address}[/] (read-only view of {where}); Ctrl-C stops it",
+            f"artstore ui: [bold]{shown}[/] (read-only view of {where}); Ctrl-C stops it",
             highlight=False,
             soft_wrap=True,
         )
-        if host not in LOOPBACK and not host.startswith("127."):
+        if beyond_loopback:
             err_console.print(
                 f"warning: listening on {host}: anyone who can reach this machine on port "
-                f"{address.rsplit(':', 1)[1].rstrip('/')} can read the store (no login). "
-                "Prefer --host 127.0.0.1 and an SSH tunnel.",
+                f"{address.rsplit(':', 1)[1].rstrip('/')} and has the address above can read "
+                "the store. Prefer --host 127.0.0.1 and an SSH tunnel.",
                 highlight=False,
                 soft_wrap=True,
             )
 
     try:
-        serve(url, host, port, on_ready=ready)
+        serve(url, host, port, on_ready=ready, sql_timeout=sql_timeout or None, access_token=token)
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has stopped serving; that is the way out
         err_console.print("artstore ui: stopped", highlight=False)
     except OSError as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import Table, text
@@ -46,6 +47,20 @@ DATABASES = {
     "sqlite": "artstore.eventstore.sqlite:SQLiteDatabase",
     "postgresql": "artstore.eventstore.postgres:PostgresDatabase",
 }
+
+# The most one row of a user query's result may hold (its values as text), in bytes: the
+# databases refuse to hand over more (SQLite cannot even make a longer value for it).
+USER_QUERY_ROW_BYTES = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class ResultColumn:
+    """A column of a user query's result, as the database describes it before running it."""
+
+    name: str
+    # SQL for the size in bytes of the column's value as text, `{column}` standing for the
+    # column; None for a type of a few bytes at most.
+    size: str | None
 
 
 class Writer:
@@ -274,9 +289,25 @@ class Database:
 
     def query_session(self, timeout: float | None) -> AbstractAsyncContextManager[AsyncConnection]:
         """A connection for one user query, confined by the database itself: it may read
-        the views and nothing else, for `timeout` seconds of work at a time (None: no
-        limit). Discarded afterwards, so that nothing the query did outlives it."""
+        the views and nothing else, for `timeout` seconds from now (None: no limit), and
+        makes no value longer than USER_QUERY_ROW_BYTES where the database can refuse to.
+        `connection.info["stop_query"]()` stops what the query is doing at once (the
+        caller gave up on it). Discarded afterwards, so that nothing the query did
+        outlives it."""
         raise NotImplementedError
+
+    async def describe_query(
+        self, connection: AsyncConnection, statement: str
+    ) -> list[ResultColumn] | None:
+        """The columns of `statement`'s rows, found on a query session without running
+        it; None when it has no column. Raises the database's own error for a statement
+        it refuses, and QueryRefusedError for one it takes, but not as a query."""
+        raise NotImplementedError
+
+    async def confine_reader(self) -> list[str]:
+        """Confine the role user queries run as, where the database has one; returns what
+        this user could not confine (empty: confined)."""
+        return []
 
 
 def connect(url: URL, *, read_only: bool = False) -> Database:

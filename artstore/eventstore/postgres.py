@@ -52,15 +52,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import NullPool
 
 from artstore.errors import ConfigurationError, QueryError
+from artstore.eventstore import reader_role
 from artstore.eventstore.blobs import serialize
-from artstore.eventstore.database import Database, Writer, translate_error
+from artstore.eventstore.database import Database, ResultColumn, Writer, translate_error
+from artstore.eventstore.reader_role import READER_ROLE
 from artstore.schema.tables import events
 
 # Key of the advisory lock that makes migrations wait for each other ("artstore" + 1).
 MIGRATION_LOCK_KEY = 7021802808247546470
-# The role `artstore sql` runs user queries as (created by migration 0003): it may read
-# the views and nothing else.
-READER_ROLE = "artstore_reader"
 T = TypeVar("T")
 READ_COMMITTED = "READ COMMITTED"
 
@@ -123,6 +122,7 @@ class PostgresDatabase(Database):
         # session's reset takes away, but nothing else ever sees it.
         self.query_engine = query_engine
         self._has_watermark = False  # whether artstore_safe_position() exists (0010)
+        self._reader_confined = False  # whether the reader role was found confined
 
     @classmethod
     def connect(cls, url: URL, *, read_only: bool = False) -> PostgresDatabase:
@@ -277,27 +277,9 @@ class PostgresDatabase(Database):
             driver = (await connection.get_raw_connection()).driver_connection
             # One round trip for all of them (asyncpg's simple protocol takes several).
             await driver.execute("; ".join(settings))  # type: ignore[union-attr]
-            role = (
-                await connection.execute(
-                    text(
-                        "SELECT to_regrole(:role) IS NOT NULL, "
-                        "to_regrole(:role) IS NOT NULL "
-                        "AND pg_has_role(current_user, :role, 'MEMBER')"
-                    ),
-                    {"role": READER_ROLE},
-                )
-            ).one()
-            if not role[0]:
-                raise QueryError(
-                    f"this database has no role {READER_ROLE}, as whom artstore sql runs "
-                    "queries: run `artstore db upgrade` as a user who may create roles"
-                )
-            if not role[1]:
-                raise QueryError(
-                    f"the store's user may not act as {READER_ROLE}, as whom artstore sql "
-                    f"runs queries: GRANT {READER_ROLE} TO <the store's user>"
-                )
+            await self._check_reader(connection)
             await connection.exec_driver_sql(f"SET LOCAL ROLE {READER_ROLE}")
+            connection.info["stop_query"] = _nothing  # asyncpg cancels an awaited query
             yield connection
             await connection.rollback()
             # What a query may have left in the session beyond its transaction (a
@@ -309,6 +291,93 @@ class PostgresDatabase(Database):
                 await connection.close()  # back to the query pool
             else:
                 await connection.invalidate()  # its session state dies with it
+
+    async def _check_reader(self, connection: AsyncConnection) -> None:
+        """Refuse to run a user query unless the reader role exists, this user may act
+        as it, and it is confined to its functions (checked once per store)."""
+        role = (
+            await connection.execute(
+                text(
+                    "SELECT to_regrole(:role) IS NOT NULL, "
+                    "to_regrole(:role) IS NOT NULL AND pg_has_role(current_user, :role, 'MEMBER')"
+                ),
+                {"role": READER_ROLE},
+            )
+        ).one()
+        if not role[0]:
+            raise QueryError(
+                f"this database has no role {READER_ROLE}, as whom artstore sql runs "
+                "queries: run `artstore db upgrade` as a user who may create roles"
+            )
+        if not role[1]:
+            raise QueryError(
+                f"the store's user may not act as {READER_ROLE}, as whom artstore sql "
+                f"runs queries: GRANT {READER_ROLE} TO <the store's user>"
+            )
+        if self._reader_confined:
+            return
+        found = await connection.execute(
+            reader_role.FIRST_UNCONFINED, reader_role.first_unconfined_parameters()
+        )
+        unconfined = found.scalar()
+        if unconfined is not None:
+            raise QueryError(
+                f"artstore sql does not run queries here: the role {READER_ROLE} may run "
+                f"{unconfined} and other functions outside artstore's allow-list; "
+                + reader_role.UNCONFINED_HINT
+            )
+        self._reader_confined = True
+
+    async def describe_query(
+        self, connection: AsyncConnection, statement: str
+    ) -> list[ResultColumn] | None:
+        driver = (await connection.get_raw_connection()).driver_connection
+        prepared = await driver.prepare(statement)  # type: ignore[union-attr]
+        columns = [
+            ResultColumn(
+                attribute.name,
+                None if attribute.type.name in _FEW_BYTES else _SIZE_AS_TEXT,
+            )
+            for attribute in prepared.get_attributes()
+        ]
+        return columns or None
+
+    async def confine_reader(self) -> list[str]:
+        async def confine(connection: AsyncConnection) -> list[str]:
+            return await connection.run_sync(reader_role.confine)
+
+        left = await self.run_write(confine)
+        self._reader_confined = not left
+        return left
+
+
+def _nothing() -> None:
+    pass
+
+
+# Types whose values take a few bytes as text at most: a row of them needs no measuring.
+_FEW_BYTES = frozenset(
+    [
+        "bool",
+        "int2",
+        "int4",
+        "int8",
+        "float4",
+        "float8",
+        "oid",
+        "date",
+        "time",
+        "timetz",
+        "timestamp",
+        "timestamptz",
+        "interval",
+        "uuid",
+        "money",
+        "char",
+        "void",
+    ]
+)
+_SIZE_AS_TEXT = "coalesce(octet_length(CAST({column} AS text)), 0)"
 
 
 # DISCARD ALL without DEALLOCATE ALL, which would drop the prepared statements that

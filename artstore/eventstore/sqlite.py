@@ -26,16 +26,22 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from sqlalchemy import Table, event, select
+from sqlalchemy import Table, TextClause, event, select, text
 from sqlalchemy.engine import URL, Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
-from artstore.errors import DatabaseUnavailableError, NotFoundError
+from artstore.errors import DatabaseUnavailableError, NotFoundError, QueryRefusedError
 from artstore.eventstore.blobs import serialize
-from artstore.eventstore.database import Database, Writer, translate_error
+from artstore.eventstore.database import (
+    USER_QUERY_ROW_BYTES,
+    Database,
+    ResultColumn,
+    Writer,
+    translate_error,
+)
 
 # How long SQLite itself waits for another process's write lock before it says "busy";
 # a write then tries again, for as long as it takes: the lock's holder is a live process
@@ -241,10 +247,10 @@ class SQLiteDatabase(Database):
     @asynccontextmanager
     async def query_session(self, timeout: float | None) -> AsyncIterator[AsyncConnection]:
         # The file opened read-only (mode=ro), whatever this store was opened for, on
-        # connections kept for user queries alone: each carries its authorizer and progress
-        # handler for its life, so a query does not pay for opening and arming one.
+        # connections kept for user queries alone: each carries its authorizer, progress
+        # handler and length limit for its life, so a query does not pay for arming one.
         if self._query_engine is None:
-            self._query_engine = _read_only_engine(self.url)
+            self._query_engine = _read_only_engine(self.url, for_user_queries=True)
         connection = await self.open_connection(self._query_engine)
         clean = False
         try:
@@ -261,10 +267,9 @@ class SQLiteDatabase(Database):
                     guard.clock.expired, PROGRESS_INSTRUCTIONS
                 )
                 connection.info["query_guard"] = guard
-            else:
-                guard.authorizer.tables = names - _READABLE  # a migration may have added some
+            guard.authorizer.new_query(names)  # a migration may have added tables
             guard.clock.start(timeout)
-            connection.info["restart_clock"] = guard.clock.restart
+            connection.info["stop_query"] = guard.clock.stop
             yield connection
             clean = True
         finally:
@@ -272,6 +277,36 @@ class SQLiteDatabase(Database):
                 await connection.close()  # back to the pool; the pool rolls back
             else:
                 await connection.invalidate()  # after an error, a fresh connection next time
+
+    async def describe_query(
+        self, connection: AsyncConnection, statement: str
+    ) -> list[ResultColumn] | None:
+        try:
+            # Compiled, not run: SQLite stops a LIMIT 0 before its first row.
+            result = await connection.execute(_text(f"SELECT * FROM (\n{statement}\n) LIMIT 0"))
+        except DBAPIError as as_a_query:
+            # The statement alone: the database's own error for it (a write the authorizer
+            # refuses, two statements, a typo), else it is no query (BEGIN, say).
+            await connection.execute(_text(f"EXPLAIN {statement}"))
+            raise QueryRefusedError(
+                "refused: artstore sql runs one query (SELECT, WITH, VALUES or EXPLAIN), and "
+                f"the database does not take this statement as one ({_first_line(as_a_query)})"
+            ) from None
+        names = list(result.keys())
+        result.close()
+        # Every value's size as text, whatever its type (SQLite's types are the values').
+        size = "coalesce(length(CAST({column} AS BLOB)), 0)"
+        return [ResultColumn(name, size) for name in names] or None
+
+
+def _text(statement: str) -> TextClause:
+    """`statement` as SQLAlchemy text, `:name` in it not taken for a parameter."""
+    return text(statement.replace(":", "\\:"))
+
+
+def _first_line(exc: BaseException) -> str:
+    said = str(getattr(exc, "orig", None) or exc).strip()
+    return said.splitlines()[0] if said else type(exc).__name__
 
 
 class SQLiteWriter(Writer):
@@ -504,11 +539,12 @@ def is_busy(exc: BaseException) -> bool:
     return "database is locked" in message or "database is busy" in message
 
 
-def _read_only_engine(url: URL) -> AsyncEngine:
+def _read_only_engine(url: URL, *, for_user_queries: bool = False) -> AsyncEngine:
     """An engine that opens the file read-only: nothing is created, nothing waits.
 
     On read-only media a WAL database opens only if its -shm file is there or can be
     made; when neither is possible nobody can be writing it: open it as immutable.
+    `for_user_queries`: its connections make no value longer than USER_QUERY_ROW_BYTES.
     """
     path = Path(url.database or "")
     parameters = {"mode": "ro"}
@@ -526,10 +562,24 @@ def _read_only_engine(url: URL) -> AsyncEngine:
         max_overflow=0,
         pool_timeout=None,  # as `_pooled_engine`
         json_serializer=serialize,
-        connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S},
+        connect_args={
+            "timeout": SQLITE_BUSY_TIMEOUT_S,
+            **({"factory": _UserQueryConnection} if for_user_queries else {}),
+        },
     )
     _configure(engine.sync_engine, begin="BEGIN", read_only=True)
     return engine
+
+
+class _UserQueryConnection(sqlite3.Connection):
+    """A connection that makes no string or blob longer than USER_QUERY_ROW_BYTES:
+    `zeroblob(300e6)` or `printf('%.*c', 3e8, 'x')` fail inside SQLite ("string or blob
+    too big") before anything is made, where checking the result would come too late.
+    Set where the connection is opened (aiosqlite's thread, which alone may use it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, USER_QUERY_ROW_BYTES)
 
 
 # SQLite calls the progress handler every this many virtual machine instructions: often
@@ -539,19 +589,18 @@ PROGRESS_INSTRUCTIONS = 20_000
 
 
 class _Clock:
-    """Stops a query (SQLite's progress handler) that works `timeout` seconds without
-    handing over rows; restarted at each batch, as PostgreSQL's statement timeout is."""
+    """Stops a query (SQLite's progress handler) `timeout` seconds after it started, or
+    at once when told to (`stop`): one deadline for the whole query, rows handed over or
+    not, as PostgreSQL's statement timeout is, with the session's own deadline above it."""
 
     def __init__(self) -> None:
         self.deadline = math.inf
-        self.timeout: float | None = None
 
     def start(self, timeout: float | None) -> None:
-        self.timeout = timeout or None
-        self.restart()
+        self.deadline = math.inf if not timeout else time.monotonic() + timeout
 
-    def restart(self) -> None:
-        self.deadline = math.inf if self.timeout is None else time.monotonic() + self.timeout
+    def stop(self) -> None:
+        self.deadline = -math.inf
 
     def expired(self) -> int:
         return int(time.monotonic() > self.deadline)
@@ -628,18 +677,28 @@ class _QueryAuthorizer:
     PostgreSQL may: no table of the store, no PRAGMA, ATTACH, nor any write."""
 
     def __init__(self, tables: set[str]) -> None:
+        self.new_query(tables)
+
+    def new_query(self, tables: set[str]) -> None:
         self.tables = tables - _READABLE  # the store's tables (a CTE is none of them)
+        self.read_by_views: set[str] = set()  # tables a view of this query has read
 
     def __call__(
         self, action: int, arg1: str | None, arg2: str | None, _db: str | None, source: str | None
     ) -> int:
         if action not in _QUERY_ACTIONS:
             return sqlite3.SQLITE_DENY
-        if action == sqlite3.SQLITE_READ:
+        if action == sqlite3.SQLITE_READ and (arg1 or "").lower() in self.tables:
+            table = (arg1 or "").lower()
             # A view reads its tables with `source` set to the view's name; a query that
-            # names a table itself reads it with no source (even for count(*)).
-            through_a_view = (source or "").lower().startswith("v_")
-            if (arg1 or "").lower() in self.tables and not through_a_view:
+            # names a table itself reads it with no source.
+            if (source or "").lower().startswith("v_"):
+                self.read_by_views.add(table)
+            # SQLite also asks about a table it takes no value from (count(*)), as column
+            # "", after it has merged a view into the query: then without the view's name.
+            # That read shows no value; it is a view's when a view of this query read the
+            # table (`SELECT count(*) FROM v_train_steps`), and the query's own otherwise.
+            elif not (arg2 == "" and table in self.read_by_views):
                 return sqlite3.SQLITE_DENY
         if action == sqlite3.SQLITE_FUNCTION and (arg2 or "").lower() == "load_extension":
             return sqlite3.SQLITE_DENY

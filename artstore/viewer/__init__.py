@@ -10,7 +10,8 @@ Built on Starlette (ASGI), Jinja2 templates and uvicorn; the charts are Chart.js
 in `static/vendor/` (no CDN: it works offline). Every value is escaped by the templates or
 set as text by the scripts: model output never becomes markup. The pages send a strict
 Content-Security-Policy (scripts from the viewer itself only) and answer only to the host
-names of the address they are bound to.
+names of the address they are bound to (beyond loopback, only with the printed token); the
+SQL page runs a query only when its own form posts it (app.py, sql_page.py).
 
 `create_app(url)` builds the application; `serve(url, host, port)` runs it. This package
 imports the web stack, so the command line imports it only inside `artstore ui`.

@@ -1,20 +1,28 @@
-"""The viewer's ASGI application: routes, the store it reads, and what every answer carries."""
+"""The viewer's ASGI application: routes, the store it reads, and what every answer carries.
+
+Who gets in: the viewer answers only to the host names of the address it is bound to
+(`HostCheck`: a page elsewhere that points its own name at this machine, DNS rebinding,
+gets 400); bound beyond loopback, only to requests that carry the token `artstore ui`
+printed (`AccessToken`). What runs a query: a POST from the viewer's own SQL page only
+(pages.sql_page: its CSRF token, Origin and Sec-Fetch-Site).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 from collections.abc import AsyncIterator
 from importlib.resources import files
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -35,7 +43,9 @@ SECURITY_HEADERS = {
     "img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; "
     "frame-ancestors 'none'",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    # Nothing to other sites; to the viewer itself, its own origin (with no-referrer, a
+    # browser sends a form's POST as from `Origin: null`, which the SQL page refuses).
+    "referrer-policy": "same-origin",
     "x-frame-options": "DENY",
     "cache-control": "no-store",
 }
@@ -68,9 +78,73 @@ class SecurityHeaders:
 def allowed_hosts(bound_to: str) -> list[str]:
     """The Host headers to answer: the loopback names when bound to loopback (a web page
     elsewhere cannot reach the viewer through DNS rebinding), any when bound wider."""
+    bound_to = bound_to.strip("[]")
     if bound_to in LOOPBACK_HOSTS or bound_to.startswith("127."):
         return [*LOOPBACK_HOSTS, bound_to]
     return ["*"]
+
+
+def host_name(host_header: str) -> str:
+    """The name in a Host header, without its port: `[::1]:8321` is `::1`."""
+    if host_header.startswith("["):
+        return host_header[1:].split("]", 1)[0].lower()
+    return host_header.rsplit(":", 1)[0].lower() if ":" in host_header else host_header.lower()
+
+
+class HostCheck:
+    """Answers only requests whose Host header names one of `hosts` ("*": any)."""
+
+    def __init__(self, app: ASGIApp, hosts: list[str]) -> None:
+        self.app = app
+        self.hosts = {host.lower() for host in hosts}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and "*" not in self.hosts:
+            host = host_name(Headers(scope=scope).get("host", ""))
+            if host not in self.hosts:
+                await PlainTextResponse("Invalid host header", 400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class AccessToken:
+    """Lets in only requests that carry `token`: in the address (`?token=...`, which the
+    answer then sets as a cookie, so that the pages and what they fetch need no more) or
+    as that cookie. For a viewer that listens beyond this machine."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        cookie = f"artstore_token_{(scope.get('server') or ('', 0))[1]}"  # one per port
+        if self._matches(request.cookies.get(cookie)):
+            await self.app(scope, receive, send)
+        elif self._matches(request.query_params.get("token")):
+            setting = (
+                f"{cookie}={self.token.decode()}; Path=/; HttpOnly; SameSite=Strict"
+            ).encode()
+
+            async def send_with_cookie(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    message["headers"] = [*message.get("headers", []), (b"set-cookie", setting)]
+                await send(message)
+
+            await self.app(scope, receive, send_with_cookie)
+        else:
+            refused = PlainTextResponse(
+                "403: this viewer listens beyond its machine and asks for its token: open "
+                "the address `artstore ui` printed (with ?token=...)",
+                403,
+            )
+            await refused(scope, receive, send)
+
+    def _matches(self, given: str | None) -> bool:
+        return given is not None and secrets.compare_digest(given.encode(), self.token)
 
 
 def create_app(
@@ -80,9 +154,12 @@ def create_app(
     host: str = "127.0.0.1",
     runs_refresh_ms: int = pages.RUNS_REFRESH_MS,
     run_refresh_ms: int = pages.RUN_REFRESH_MS,
+    sql_timeout: float | None = pages.SQL_TIMEOUT_S,
+    access_token: str | None = None,
 ) -> Starlette:
     """The viewer over the store at `url` (opened to read when the app starts, closed when
-    it stops), or over an open `store` (left open)."""
+    it stops), or over an open `store` (left open). `sql_timeout`: the SQL page's deadline
+    per query, in seconds (None: none); `access_token`: what every request must carry."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -107,7 +184,7 @@ def create_app(
         Route("/trajectories/{rollout_id}", pages.trajectory_page, name="trajectory"),
         Route("/compare/scorers", pages.compare_scorers_page, name="compare_scorers"),
         Route("/compare/runs", pages.compare_runs_page, name="compare_runs"),
-        Route("/sql", pages.sql_page, name="sql"),
+        Route("/sql", pages.sql_page, name="sql", methods=["GET", "POST"]),
         Mount(
             "/static",
             StaticFiles(directory=str(files("artstore.viewer") / "static")),
@@ -119,7 +196,8 @@ def create_app(
         lifespan=lifespan,
         middleware=[
             Middleware(SecurityHeaders),
-            Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(host)),
+            Middleware(HostCheck, hosts=allowed_hosts(host)),
+            *([Middleware(AccessToken, token=access_token)] if access_token else []),
         ],
         exception_handlers={
             NotFoundError: _not_found,
@@ -133,6 +211,10 @@ def create_app(
     app.state.templates = Jinja2Templates(env=environment())
     app.state.runs_refresh_ms = runs_refresh_ms
     app.state.run_refresh_ms = run_refresh_ms
+    app.state.sql_timeout = sql_timeout
+    # The SQL page's form carries it; a page of another site cannot read it.
+    app.state.csrf_token = secrets.token_urlsafe(32)
+    app.state.queries = set()  # the user queries running now (asyncio tasks)
     return app
 
 

@@ -13,26 +13,13 @@ from artstore.analysis import groups as group_reading
 from artstore.analysis import runs as run_reading
 from artstore.analysis import trajectories as trajectory_reading
 from artstore.analysis.ids import resolve_id
-from artstore.analysis.opening import run_sql
-from artstore.errors import QueryError, QueryRefusedError
+from artstore.viewer import sql_page as sql
 from artstore.viewer.templating import dumps, group_href, trajectory_href
 
 # How often the live pages ask for news, in milliseconds.
 RUNS_REFRESH_MS = 2000
 RUN_REFRESH_MS = 3000
-# The SQL page shows at most this many rows (the count says how many there were).
-SQL_ROW_LIMIT = 1000
-
-SQL_EXAMPLES = (
-    "SELECT run, status, num_rollouts, num_failed, last_step, total_tokens FROM v_runs",
-    "SELECT run, model, step, status, reward_mean, duration_s FROM v_train_steps ORDER BY id",
-    "SELECT rollout_id, run, policy_step, reward, total_tokens, duration_s FROM v_rollouts "
-    "ORDER BY duration_s DESC LIMIT 20",
-    "SELECT tool_name, count(*) AS calls, avg(tool_time_s) AS mean_time_s FROM v_tool_calls "
-    "GROUP BY tool_name ORDER BY calls DESC",
-)
-# Columns of a query's result that the SQL page turns into links.
-LINKED_COLUMNS = ("run", "group_id", "rollout_id")
+SQL_TIMEOUT_S = sql.TIMEOUT_S
 
 
 class JSONResponse(_JSONResponse):
@@ -167,26 +154,23 @@ async def compare_runs_page(request: Request) -> Response:
 
 
 async def sql_page(request: Request) -> Response:
-    statement = request.query_params.get("q", "").strip()
+    """GET: the form (a statement given as `?q=` fills it; nothing runs). POST: run the
+    form's statement, if it comes from this page (see artstore/viewer/sql_page.py)."""
     context: dict[str, Any] = {
-        "statement": statement,
-        "examples": SQL_EXAMPLES,
-        "columns": [],
-        "rows": [],
-        "total": 0,
-        "error": None,
-        "linked": LINKED_COLUMNS,
-        "limit": SQL_ROW_LIMIT,
+        "statement": request.query_params.get("q", "").strip(),
+        "examples": sql.EXAMPLES,
+        "csrf_token": request.app.state.csrf_token,
+        "linked": sql.LINKED_COLUMNS,
+        "limit": sql.ROW_LIMIT,
+        "result": None,
     }
-    status = 200
-    if statement:
-        try:
-            result = await run_sql(_store(request), statement)
-        except (QueryError, QueryRefusedError) as exc:
-            context["error"] = str(exc)
-            status = 400
-        else:
-            context.update(
-                columns=result.columns, rows=result.rows[:SQL_ROW_LIMIT], total=len(result.rows)
-            )
+    if request.method != "POST":
+        return _render(request, "sql.html", context)
+    refused = await sql.refusal(request)
+    if refused is not None:
+        return refused
+    context["statement"] = request.state.sql_statement
+    result = await sql.run_for(request, context["statement"])
+    context["result"] = result
+    status = 400 if result.error and not result.rows else 200
     return _render(request, "sql.html", context, status_code=status)

@@ -33,11 +33,31 @@ def address(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
 
+# How long a stopping viewer waits for the requests under way (its user queries are
+# stopped at once), before uvicorn cancels them.
+GRACEFUL_STOP_S = 10
+
+
 def _server(app: Any) -> Any:
     import uvicorn
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-    return uvicorn.Server(config)
+    class Server(uvicorn.Server):
+        """uvicorn's server, which on SIGTERM or SIGINT also stops the user queries under
+        way: uvicorn waits for the requests to end, and a query may run to its deadline."""
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            for query in list(app.state.queries):
+                query.cancel()
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_STOP_S,
+    )
+    return Server(config)
 
 
 def serve(
@@ -46,14 +66,16 @@ def serve(
     port: int = DEFAULT_PORT,
     *,
     on_ready: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> None:
     """Serve the viewer of the store at `url` until interrupted (Ctrl-C, SIGTERM).
 
-    `on_ready(address)` is called once the socket is bound, before the first request.
+    `on_ready(address)` is called once the socket is bound, before the first request;
+    `options` go to `create_app` (sql_timeout, access_token).
     """
     sock = bind(host, port)
     try:
-        server = _server(create_app(url, host=host))
+        server = _server(create_app(url, host=host, **options))
         if on_ready is not None:
             on_ready(address(sock))
         server.run(sockets=[sock])
@@ -73,7 +95,8 @@ class BackgroundViewer:
     ) -> None:
         self._sock = bind(host, port)
         self.address = address(self._sock)
-        self._server = _server(create_app(url, host=host, **options))
+        self.app = create_app(url, host=host, **options)
+        self._server = _server(self.app)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
@@ -85,6 +108,10 @@ class BackgroundViewer:
                 raise RuntimeError("the viewer did not start (see its log)")
             self._thread.join(0.05)
         return self
+
+    def queries_running(self) -> int:
+        """How many user queries of the SQL page are under way."""
+        return len(self.app.state.queries)
 
     def __exit__(self, *exc_info: object) -> None:
         self._server.should_exit = True
