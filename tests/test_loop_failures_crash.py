@@ -69,6 +69,31 @@ async def test_a_group_sealed_with_a_failed_rollout_before_a_crash_is_trained_as
     assert (workdir / "failed-0-0-2").exists()
 
 
+LAST_STEP_PLANS = [
+    ["before-completed:2", "before-reconciled:1"],
+    *(
+        [["train-end:2"], ["train-end:2", "after-reconciled:1"], ["before-completed:2"]]
+        if LONG
+        else []
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan", LAST_STEP_PLANS, ids=lambda plan: ",".join(plan))
+async def test_a_crash_inside_the_last_steps_training_is_settled_when_the_loop_starts_again(
+    database_url: str, tmp_path: Path, processes: Any, plan: list[str]
+) -> None:
+    """The backend finished the last step, the trainer died before recording it: started
+    again, the loop has nothing left to train, and registering the model settles the step
+    (its groups consumed once) before the run is finished."""
+    options = driver.Options(steps=2, group_size=2)
+    await run_loop(database_url, tmp_path, processes, options, plan)
+    async with await artstore.open_store(database_url) as store:
+        steps = await rows(store, t.train_steps)
+        assert [(s.step, s.reconciled) for s in steps] == [(1, False), (2, True)]
+
+
 async def check_each_trajectory_once(
     store: artstore.Store, workdir: Path, options: driver.Options
 ) -> None:
