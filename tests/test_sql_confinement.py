@@ -172,25 +172,22 @@ async def test_dblink_cannot_reach_out_as_the_store(postgres_url):
 
 
 async def test_a_query_cannot_take_the_append_lock(recorded):
-    """While a user query holds whatever lock it can, the store still appends."""
-    grab = (
-        "SELECT pg_advisory_lock(7021802808247546469), pg_sleep(2)"
-        if recorded.dialect == "postgresql"
-        else "SELECT count(*) FROM v_rollouts, v_llm_calls, v_rewards, v_groups"
-    )
-    holder = asyncio.create_task(run_read_only(recorded.database, grab))
-    await asyncio.sleep(0.5)
-    appended = await asyncio.wait_for(
-        recorded.append("run-during", [RunFinished(run="during")]), timeout=30
-    )
-    assert appended.written
+    """While a user query is under way, holding whatever a reader of its database holds,
+    the store still appends; and the query cannot take the append lock for itself."""
+    long_query = COUNTING.format(rows=100_000) + "SELECT n.i, r.run FROM n, v_runs r"
+    async with stream_query(recorded, long_query) as result:
+        batches = result.batches()
+        assert len(await anext(batches)) == 1000  # under way, with rows still to come
+        appended = await asyncio.wait_for(
+            recorded.append("run-during", [RunFinished(run="during")]), timeout=30
+        )
+        assert appended.written
+        assert sum([len(batch) async for batch in batches]) == 99_000
     if recorded.dialect == "postgresql":  # not even an advisory lock of its own
         with pytest.raises(QueryRefusedError, match="permission denied for function"):
-            await holder
-    else:
-        await holder
-    if recorded.dialect == "sqlite":
-        with pytest.raises(QueryRefusedError):  # no write lock from a read-only file
+            await run_read_only(recorded.database, "SELECT pg_advisory_lock(7021802808247546469)")
+    else:  # no write lock from a read-only file
+        with pytest.raises(QueryRefusedError):
             await run_read_only(recorded.database, "BEGIN IMMEDIATE")
 
 
