@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from command_line import run_artstore, run_artstore_in_thread
 from recorded_run import record_run
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -284,15 +285,8 @@ def test_two_million_rows_are_not_held_in_memory(database_url):
 
 def test_the_command_line_stops_a_query_at_its_timeout(database_url):
     url = asyncio.run(recorded_url_of(database_url))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    stopped = subprocess.run(
-        artstore_command("sql", "--url", url, "--timeout", "1", FOREVER),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert stopped.returncode == 1
+    stopped = run_artstore("sql", "--url", url, "--timeout", "1", FOREVER)
+    assert stopped.exit_code == 1
     assert stopped.stderr.count("\n") == 1 and "time limit (1 s)" in stopped.stderr
 
 
@@ -345,15 +339,8 @@ async def test_a_store_migrated_by_a_plain_user_works_and_sql_says_what_it_needs
     assert "\n" not in str(refused.value) and "artstore db upgrade" in str(refused.value)
 
     superuser_url = url.set(username="postgres").render_as_string(hide_password=False)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    upgraded = subprocess.run(
-        artstore_command("db", "upgrade", "--url", superuser_url),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert upgraded.returncode == 0 and not upgraded.stderr, upgraded.stderr
+    upgraded = await run_artstore_in_thread("db", "upgrade", "--url", superuser_url)
+    assert upgraded.exit_code == 0 and not upgraded.stderr, upgraded.stderr
     async with await artstore.open_store(plain_user_url) as store:
         await store.append("run-b", [RunFinished(run="b")])
         async with trainer_lease(store.database, "b", "project/b"):
