@@ -419,8 +419,9 @@ async def test_wait_for_groups_returns_once_enough_unconsumed_groups_are_sealed(
     await seal_bare_group(store, "elsewhere", run="another run")
     waiter = asyncio.create_task(wait_for_groups(store, RUN, MODEL, 2, timeout=60))
     await seal_bare_group(store, "g1")
-    await asyncio.sleep(0.5)
-    assert not waiter.done()  # one group is not two
+    with pytest.raises(TimeoutError, match="1 of the 2 sealed groups"):  # one is not two
+        await wait_for_groups(store, RUN, MODEL, 2, timeout=0.3)
+    assert not waiter.done()
     await seal_bare_group(store, "g2")
     assert await waiter == ["g1", "g2"]
 
