@@ -32,32 +32,38 @@ FAILURES = (
 # Failures that stop the process (an exception out of the loop): the harness restarts it.
 STOPPING_FAILURES = ("max-exceptions", "reward-raises")
 
-# Declared in tests/crash_points.py; `append:N` dies after the Nth acknowledged append.
-CRASH_POINTS = ("none", *POINTS, "append")
+MAX_KILLS = 2  # a second kill reaches what only a restart does (the reconciled points)
 
 
 @dataclass(frozen=True)
 class Case:
-    """One run of the matrix; `nth` is which arrival at `crash_point` kills."""
+    """One run of the matrix; `kills` are crash points `POINT:N` (tests/crash_points.py:
+    SIGKILL at the Nth arrival at POINT), fired one per start, in order."""
 
     pattern: str
     agent: str
     failure: str
-    crash_point: str
-    nth: int
+    kills: tuple[str, ...]
     database: str
 
     @property
     def plan(self) -> str:
-        """The crash plan the child arms (tests/crash_points.py's `POINT:N`), or ''."""
-        return "" if self.crash_point == "none" else f"{self.crash_point}:{self.nth}"
+        """The crash plan the child arms (tests/crash_points.py), or ''."""
+        return ",".join(self.kills)
 
     def write(self, folder: Path) -> None:
         (folder / "case.json").write_text(json.dumps(asdict(self)))
 
     @classmethod
     def read(cls, folder: Path) -> Case:
-        return cls(**json.loads((folder / "case.json").read_text()))
+        fields = json.loads((folder / "case.json").read_text())
+        return cls(**{**fields, "kills": tuple(fields["kills"])})
+
+    @property
+    def id(self) -> str:
+        """The case as a test id: `pattern-agent-failure-kills-database`."""
+        kills = "+".join(self.kills) or "no-kill"
+        return "-".join((self.pattern, self.agent, self.failure, kills, self.database))
 
     def __str__(self) -> str:
         return (
@@ -78,12 +84,13 @@ def cases(patterns: dict[str, tuple[str, ...]], database: str) -> st.SearchStrat
     def draw(draw: st.DrawFn) -> Case:
         pattern = draw(st.sampled_from(sorted(patterns)))
         agent = draw(st.sampled_from(patterns[pattern]))
+        kill = st.tuples(st.sampled_from(POINTS), st.integers(min_value=1, max_value=6))
+        kills = draw(st.lists(kill, max_size=MAX_KILLS))
         return Case(
             pattern=pattern,
             agent=agent,
             failure=draw(st.sampled_from(failures_for(agent))),
-            crash_point=draw(st.sampled_from(CRASH_POINTS)),
-            nth=draw(st.integers(min_value=1, max_value=6)),
+            kills=tuple(f"{point}:{nth}" for point, nth in kills),
             database=database,
         )
 

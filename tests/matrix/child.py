@@ -8,8 +8,8 @@ WORKDIR/case.json. Around the pattern it sets up what the invariants read afterw
   answers each call with a text of its own (a nonce: two trajectories that say the same
   are copies) that spells out the server's API key (a credential artstore saw), and
   carries the case's scripted HTTP error or timeout;
-- the crash points of tests/crash_points.py around the store and the backend, and
-  `append:N`: SIGKILL right after the Nth acknowledged append;
+- the crash points of tests/crash_points.py around the store and the backend, `append`
+  (right after an acknowledged append) included;
 - an ack file (WORKDIR/acks.txt): the event ids of every append the store acknowledged,
   written and synced before the caller hears of it.
 """
@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import time
 import uuid
 from pathlib import Path
@@ -59,16 +58,12 @@ def failing_requests(faults: Faults) -> Any:
 
 
 class Acks:
-    """Writes the ids of acknowledged appends to the ack file; dies after the Nth append
-    when the plan is `append:N` (marking it fired, as CrashPlan does)."""
+    """Writes the ids of acknowledged appends to the ack file, then reaches the crash
+    point `append`."""
 
-    def __init__(self, workdir: Path, plan: str) -> None:
-        self.workdir = workdir
+    def __init__(self, workdir: Path, crash_plan: CrashPlan) -> None:
         self.descriptor = os.open(workdir / ACKS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        point, _, nth = plan.partition(":")
-        fired = (workdir / "fired-0").exists()
-        self.kill_at = int(nth) if point == "append" and not fired else None
-        self.count = 0
+        self.crash_plan = crash_plan
 
     def acknowledged(self, events: Any, future: asyncio.Future) -> None:
         if future.cancelled() or future.exception() is not None:
@@ -76,10 +71,7 @@ class Acks:
         ids = "".join(f"{e.event_id}\n" for e in events)
         os.write(self.descriptor, ids.encode())
         os.fsync(self.descriptor)
-        self.count += 1
-        if self.count == self.kill_at:
-            (self.workdir / "fired-0").write_text(f"append:{self.count}")
-            os.kill(os.getpid(), signal.SIGKILL)
+        self.crash_plan.reached("append")
 
     def watch(self, store: Any) -> None:
         """Hear of every append of `store` (its crash points wrapped already)."""
@@ -105,7 +97,7 @@ async def train(url: str, workdir: Path, plan: str) -> None:
 
     case = Case.read(workdir)
     faults = Faults(case, workdir)
-    crash_plan = CrashPlan(workdir, "" if plan.startswith("append") else plan)
+    crash_plan = CrashPlan(workdir, plan)
     server = LocalInferenceServer(
         api_key=(workdir / API_KEY).read_text(),
         request_log=workdir / REQUESTS,
@@ -115,7 +107,7 @@ async def train(url: str, workdir: Path, plan: str) -> None:
     with server:
         store = await artstore.open_store(url)
         crash_around_appends(store, crash_plan)
-        Acks(workdir, plan).watch(store)
+        Acks(workdir, crash_plan).watch(store)
         try:
             context = Context(case, workdir, store, server, crash_plan, faults, TIMEOUT_S)
             await PATTERNS[case.pattern].run(context)

@@ -18,7 +18,6 @@ from crash_points import run_logged
 from matrix import child
 from matrix.cases import STOPPING_FAILURES, Case
 
-MAX_STARTS = 4
 START_TIMEOUT_S = 240.0  # a loaded 2-core machine is slow, never stuck this long
 
 
@@ -33,7 +32,7 @@ class Outcome:
     """What the starts of a case did."""
 
     starts: list[Start]
-    fired: str | None  # the crash point that killed a child, `POINT:N`, or None
+    fired: list[str]  # the crash points that killed a child, `POINT:N`, in order
 
     @property
     def killed_pids(self) -> set[int]:
@@ -60,7 +59,8 @@ async def run_case(processes: Any, case: Case, url: str, workdir: Path, api_key:
     case.write(workdir)
     (workdir / child.API_KEY).write_text(api_key)
     starts: list[Start] = []
-    for number in range(MAX_STARTS):
+    most = len(case.kills) + 1 + (case.failure in STOPPING_FAILURES)
+    for number in range(most):
         start = await asyncio.to_thread(start_once, processes, url, workdir, case.plan, number)
         starts.append(start)
         if start.exit_code == 0:
@@ -71,6 +71,6 @@ async def run_case(processes: Any, case: Case, url: str, workdir: Path, api_key:
         log = (workdir / f"log-{number}.txt").read_text()
         assert planned, f"start {number} exited {start.exit_code}:\n{log[-6000:]}"
     else:
-        raise AssertionError(f"{case}: not finished after {MAX_STARTS} starts")
-    fired = workdir / "fired-0"
-    return Outcome(starts, fired.read_text() if fired.exists() else None)
+        raise AssertionError(f"{case}: not finished after {most} starts")
+    fired = [workdir / f"fired-{i}" for i in range(len(case.kills))]
+    return Outcome(starts, [f.read_text() for f in fired if f.exists()])

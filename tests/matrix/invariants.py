@@ -136,8 +136,9 @@ async def calls_recorded_equal_calls_received(store: Any, workdir: Path, outcome
 
 
 async def no_credential_stored(store: Any, url: str, secret: str, folder: Path) -> None:
-    """The API key the agents used (and the model spelled out) is nowhere to be read."""
-    leaks = await places_holding(store, url, RUN, secret, folder)
+    """The API key the agents used (and the model spelled out) is nowhere to be read:
+    database, SQLite files, blobs, exports, the viewer's pages."""
+    leaks = await places_holding(store, url, RUN, secret, folder, quick=True)
     assert not leaks, f"the inference API key is readable in: {leaks}"
 
 
