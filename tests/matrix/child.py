@@ -6,7 +6,7 @@ WORKDIR/case.json. Around the pattern it sets up what the invariants read afterw
 
 - a LocalInferenceServer that logs each request it received (WORKDIR/requests.jsonl),
   answers each call with a text of its own (a nonce: two trajectories that say the same
-  are copies) that spells out the server's API key (a credential artstore saw), and
+  are copies), some spelling out the server's API key (a credential artstore saw), and
   carries the case's scripted HTTP error or timeout;
 - the crash points of tests/crash_points.py around the store and the backend, `append`
   (right after an acknowledged append) included;
@@ -29,19 +29,23 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from crash_points import CrashPlan, crash_around_appends
 
 from matrix.cases import Case
-from matrix.patterns import PATTERNS, Context, Faults
+from matrix.patterns import PATTERNS, SCENARIOS, Context, Faults
 
 ACKS, REQUESTS, API_KEY = "acks.txt", "requests.jsonl", "api_key"
 TIMEOUT_S = 1.0  # the client timeout of the agents that can set one
+SECRET_TOLD_IN = SCENARIOS[-1]["question"]
 
 
 def answer_policy(api_key: str, faults: Faults) -> Any:
-    """Every answer unique and holding the key; one answer late when the case times out."""
+    """Every answer unique; those about the last scenario spell out the key (the others
+    are stored as the trainer got them, so a copy of one is recognised); one answer late
+    when the case times out."""
 
     def policy(request: dict[str, Any], sample_index: int) -> str:
         if faults.case.failure == "timeout" and faults.once("late-answer"):
             time.sleep(TIMEOUT_S * 3)
-        return f"Answer {uuid.uuid4().hex}; my key is {api_key}."
+        told = SECRET_TOLD_IN in json.dumps(request.get("messages"))
+        return f"Answer {uuid.uuid4().hex}" + (f"; my key is {api_key}." if told else ".")
 
     return policy
 

@@ -21,7 +21,7 @@ from artstore.backends.check_only import CHECKPOINT_FILE, trajectory_digest
 from artstore.schema import tables as t
 from matrix.child import ACKS, REQUESTS
 from matrix.harness import Outcome
-from matrix.patterns import RUN
+from matrix.patterns import MODEL_NAME, PROJECT, RUN
 
 NONCE = re.compile(r"Answer ([0-9a-f]{32})")
 
@@ -67,12 +67,25 @@ def trained_digests(workdir: Path) -> list[tuple[int, str]]:
 
 
 async def no_trajectory_trained_twice(store: Any, workdir: Path) -> None:
-    """The backend received no trajectory twice, and each group is consumed once."""
+    """The backend received no trajectory twice, each group is consumed once, and no
+    group the store would still hand a trainer (`unconsumed_groups`: what `artstore
+    replay` trains next) holds a trajectory the backend trained."""
+    import artstore
+    from artstore.art_versions import trainable_model
+
     steps: dict[str, list[int]] = {}
     for step, digest in trained_digests(workdir):
         steps.setdefault(digest, []).append(step)
     twice = {d[:12]: s for d, s in steps.items() if len(s) > 1}
     assert not twice, f"trajectories trained twice (digest: steps): {twice}"
+    model = trainable_model(name=MODEL_NAME, project=PROJECT, base_model="test-base")
+    left = await artstore.unconsumed_groups(store, RUN, model)
+    again = [
+        g.metadata.get("artstore_group_id")
+        for g in left
+        if any(trajectory_digest(t) in steps for t in g.trajectories)
+    ]
+    assert not again, f"unconsumed groups hold trajectories trained already: {again}"
     async with store.database.read() as connection:
         query = select(t.group_consumptions.c.group_id, t.group_consumptions.c.model)
         consumed = Counter(tuple(row) for row in await connection.execute(query))

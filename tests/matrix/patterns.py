@@ -37,6 +37,11 @@ def batch_for(step: int) -> list[dict[str, Any]]:
     return [SCENARIOS[(step * BATCH + k) % len(SCENARIOS)] for k in range(BATCH)]
 
 
+def scenarios_in_order() -> list[dict[str, Any]]:
+    """The scenarios of every step, for the patterns that take them all at once."""
+    return [scenario for step in range(STEPS) for scenario in batch_for(step)]
+
+
 class InjectedFailure(RuntimeError):
     """What a failing agent or reward function raises."""
 
@@ -272,7 +277,7 @@ async def training_framework(context: Context) -> None:
 
     await artstore.TrainingFramework(context.store, progress=False).run_training(
         model=model,
-        scenarios=SCENARIOS[:2] * STEPS,
+        scenarios=scenarios_in_order(),
         agent_function=retried(context, agent),
         reward_function=reward,
         config=artstore.TrainingConfig(epochs=1, batch_size=BATCH, group_size=GROUP_SIZE),
@@ -298,7 +303,7 @@ async def pipeline_trainer(context: Context) -> None:
         model=model,
         backend=backend,
         rollout_fn=make_group_rollout_fn(retried(context, one), n=GROUP_SIZE),
-        scenarios=[batch_for(step)[k] for step in range(STEPS) for k in range(BATCH)],
+        scenarios=scenarios_in_order(),
         pipeline=PipelineRuntimeConfig(num_rollout_workers=1, min_batch_size=BATCH),
         max_steps_off_policy=None,
         log_interval_seconds=60,
