@@ -21,7 +21,8 @@ then every invariant of tests/matrix/invariants.py is checked:
 Budget: `ARTSTORE_MATRIX=ci` (the default) runs the cases of `ci_cases` (a test each) and
 one drawn case per database, the same in every run (derandomized, no shrinking);
 `ARTSTORE_MATRIX=long` draws at random, `ARTSTORE_MATRIX_EXAMPLES=N` cases per database
-(default 200), and shrinks what fails. `ARTSTORE_MATRIX_EXAMPLES` sets the CI draw too.
+(default 200), and shrinks what fails (`ARTSTORE_MATRIX_SHRINK=0`: reported as drawn).
+`ARTSTORE_MATRIX_EXAMPLES` sets the CI draw too.
 
 What it found (Hypothesis' falsifying examples, and the time it took to find them):
 see docs/guarantees.md, "The guarantee matrix".
@@ -49,13 +50,14 @@ import artstore
 
 LONG = os.environ.get("ARTSTORE_MATRIX", "ci") == "long"
 EXAMPLES = int(os.environ.get("ARTSTORE_MATRIX_EXAMPLES", "200" if LONG else "1"))
+SHRINK = os.environ.get("ARTSTORE_MATRIX_SHRINK", "1" if LONG else "0") == "1"
 BUDGET = settings(
     max_examples=EXAMPLES,
     deadline=None,
     derandomize=not LONG,
     database=None,
     # In CI a failing case is reported as drawn: shrinking reruns whole runs for minutes.
-    phases=[Phase.generate, Phase.shrink] if LONG else [Phase.generate],
+    phases=[Phase.generate, Phase.shrink] if SHRINK else [Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     print_blob=True,
 )
