@@ -331,7 +331,8 @@ PATTERNS: dict[str, Pattern] = {
     "record-group": Pattern(record_group_loop, OPENAI),
     "langgraph-loop": Pattern(langgraph_loop, LANGGRAPH),
     "training-framework": Pattern(training_framework, OPENAI + LANGGRAPH),
-    "pipeline-trainer": Pattern(pipeline_trainer, OPENAI, _has_pipeline_trainer),
+    # ART's PipelineTrainer refuses a streamed Choice (no usage: no completion tokens).
+    "pipeline-trainer": Pattern(pipeline_trainer, ("openai",), _has_pipeline_trainer),
 }
 
 
