@@ -22,6 +22,7 @@ without it, e.g. by `artstore replay --dry-run`.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import os
@@ -54,6 +55,7 @@ __all__ = [
     "CheckOnlyBackend",
     "TrajectoryCheckError",
     "group_advantages",
+    "trajectory_digest",
 ]
 
 #: File written into every checkpoint directory (the step's record: metrics, advantages).
@@ -99,6 +101,16 @@ def group_advantages(rewards: Sequence[float], scale_rewards: bool = True) -> li
             advantage /= std + _STD_EPSILON
         advantages.append(advantage)
     return advantages
+
+
+def trajectory_digest(trajectory: Trajectory) -> str:
+    """A hash of a trajectory's conversation (messages and choices, additional histories,
+    tools), blind to its ids, reward, metadata and times."""
+    conversation = trajectory.model_dump(
+        mode="json", include={"messages_and_choices", "additional_histories", "tools"}
+    )
+    text = json.dumps(conversation, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class TrajectoryCheckError(ValueError):
@@ -593,6 +605,11 @@ class CheckOnlyBackend:
                 "advantages": advantages,
                 # Group metadata lets a reconciler see which groups made this step.
                 "group_metadata": [dict(group.metadata) for group in groups],
+                # What each trajectory says, hashed: a copy trained again under other ids
+                # is still seen as trained twice (tests/matrix/invariants.py).
+                "trajectory_digests": [
+                    [trajectory_digest(t) for t in group.trajectories] for group in groups
+                ],
                 "train_kwargs": train_kwargs,
             },
         )
