@@ -412,7 +412,7 @@ from sqlalchemy.engine import make_url
 import artstore
 from artstore.analysis import query
 from artstore.art_versions import parquet_format_version
-from artstore.capture import messages as lc
+from artstore.documents import messages as lc
 from artstore.events import (
     Event,
     GroupSealed,

@@ -16,7 +16,7 @@ of its latest call.
   sent, each assistant message among them replaced by the `Choice` it came from (the
   first choice of an earlier call of the conversation, matched by content and tool
   calls), and the call's own first `Choice` last, as the client returned it
-  (`artstore.capture.exchanges.chat_completion`). The same rule merges them, an
+  (`artstore.documents.exchanges.chat_completion`). The same rule merges them, an
   assistant message equalling the `Choice` it came from.
 
 The two kinds never continue each other's conversations; conversations are in the order
@@ -45,8 +45,8 @@ from langchain_core.messages import (
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.engine import Connection
 
-from artstore.capture import exchanges as http_documents
-from artstore.capture.messages import count_logprobs, from_json
+from artstore.documents import exchanges as http_documents
+from artstore.documents.messages import count_logprobs, from_json
 from artstore.eventstore.blobs import StoredBlob, read_stored_blobs
 from artstore.eventstore.streams import events_of_streams
 from artstore.schema.tables import events

@@ -538,11 +538,11 @@ class TrainingFramework:
         """One line per train step: where it was, the step it made, its mean reward."""
         if not self.progress:
             return
-        from artstore.training.replay import _policy_rewards
+        from artstore.training.replay import policy_rewards
 
         rewards = [
             r
-            for found in (await _policy_rewards(store, group_ids, recipe.scorer)).values()
+            for found in (await policy_rewards(store, group_ids, recipe.scorer)).values()
             for r in found
         ]
         mean = f", reward mean {sum(rewards) / len(rewards):.3g}" if rewards else ""
