@@ -48,7 +48,7 @@ from sqlalchemy.engine import Connection
 from artstore.documents import exchanges as http_documents
 from artstore.documents.messages import count_logprobs, from_json
 from artstore.eventstore.blobs import StoredBlob, read_stored_blobs
-from artstore.eventstore.recorder import recorder_of
+from artstore.eventstore.database import recorder_of
 from artstore.eventstore.streams import events_of_streams
 from artstore.schema.tables import events
 
