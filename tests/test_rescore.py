@@ -14,7 +14,7 @@ import artstore
 from artstore.demo.task import make_scenarios, strict_reward
 from artstore.errors import NotFoundError, RewardFunctionError
 from artstore.schema import tables as t
-from artstore.training.groups import load_groups, sealed_groups
+from artstore.groups import load_groups, sealed_groups
 from artstore.training.rescore import Rewards
 
 

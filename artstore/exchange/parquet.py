@@ -74,7 +74,7 @@ from artstore.exchange.importer import (
     file_sha256,
 )
 from artstore.exchange.source import ExportSummary, GroupOutline, load_run
-from artstore.training.groups import scored_rollouts
+from artstore.groups import scored_rollouts
 
 if TYPE_CHECKING:
     import art

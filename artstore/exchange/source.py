@@ -14,8 +14,8 @@ from sqlalchemy import select
 
 from artstore.errors import NotFoundError
 from artstore.events import GroupSealed, RolloutFailed, RolloutFinished, RolloutStarted
+from artstore.groups import sealed_groups
 from artstore.schema import tables as t
-from artstore.training.groups import sealed_groups
 
 if TYPE_CHECKING:
     import art

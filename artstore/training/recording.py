@@ -55,8 +55,8 @@ from artstore.events import (
 )
 from artstore.eventstore.blobs import blob_hash
 from artstore.eventstore.store import NO_STREAM, PendingAppend
+from artstore.groups import abandon_rollouts, group_stream, sealed_groups
 from artstore.schema import tables as t
-from artstore.training.groups import abandon_rollouts, group_stream, sealed_groups
 from artstore.training.runs import ensure_run
 
 if TYPE_CHECKING:

@@ -19,8 +19,8 @@ from sqlalchemy import func, select
 from artstore.advantages import group_advantages
 from artstore.arguments import check_json_object, check_name, check_store, check_whole_numbers
 from artstore.errors import ConfigurationError
+from artstore.groups import sealed_groups
 from artstore.schema import tables as t
-from artstore.training.groups import sealed_groups
 from artstore.training.lease import trainer_lease
 from artstore.training.runs import own_models, run_info
 from artstore.training.steps import consumed_groups, model_key, reconcile, train_groups

@@ -43,14 +43,14 @@ from artstore.errors import (
     RewardFunctionError,
 )
 from artstore.events import RewardsRecorded
-from artstore.schema import tables as t
-from artstore.training.groups import (
+from artstore.groups import (
     call_reward_function,
     group_rollouts,
     group_stream,
     rewards_event,
     sealed_groups,
 )
+from artstore.schema import tables as t
 from artstore.training.runs import run_info
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from artstore.arguments import check_name, check_store, check_whole_number
+from artstore.groups import load_groups
 from artstore.schema import tables as t
 from artstore.training.backend import recording_backend_of
-from artstore.training.groups import load_groups
 from artstore.training.runs import run_scorer
 from artstore.training.steps import consumed_groups
 
