@@ -45,6 +45,7 @@ from langchain_core.messages import (
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.engine import Connection
 
+from artstore.art_versions import build_exchange, exchange_trajectory, history_class
 from artstore.documents import exchanges as http_documents
 from artstore.documents.messages import count_logprobs, from_json
 from artstore.eventstore.blobs import StoredBlob, read_stored_blobs
@@ -113,8 +114,6 @@ class HttpCall:
 
     def exchange(self) -> Any:
         """ART's exchange for this call, as ART's capture built it."""
-        from artstore.art_versions import build_exchange
-
         return build_exchange(
             self.endpoint,
             self.request,
@@ -570,8 +569,6 @@ def build_trajectory(
     }
     exchanges = calls.exchanges()
     if exchanges:
-        from artstore.art_versions import exchange_trajectory
-
         return exchange_trajectory(exchanges, **fields)
     return legacy_trajectory(calls.conversations(), **fields)
 
@@ -580,8 +577,6 @@ def legacy_trajectory(conversations: list[Conversation], **fields: Any) -> art.T
     """`messages_and_choices`, `tools` and `additional_histories` from the conversations."""
     from art.langgraph.message_utils import convert_langgraph_messages
     from art.trajectories import Trajectory
-
-    from artstore.art_versions import history_class
 
     history = history_class()  # LegacyHistory on ART >= 0.5.20
 
