@@ -45,7 +45,6 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
-from artstore.arguments import check_name, unstorable_character
 from artstore.collector import collector_paused
 from artstore.errors import (
     AppendRefusedError,
@@ -68,6 +67,7 @@ from artstore.eventstore.blobs import (
 from artstore.eventstore.database import Database, WriteBatch, Writer, translate_error
 from artstore.eventstore.recorder import ErrorKind
 from artstore.eventstore.streams import events_of_streams, stream_heads
+from artstore.names import check_name, unstorable_character
 from artstore.redaction import Redactor
 from artstore.schema.tables import blobs, events
 
