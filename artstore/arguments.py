@@ -138,8 +138,9 @@ def check_model_name(value: Any, argument: str = "model") -> str:
 def check_store(value: Any, argument: str = "store") -> Any:
     """An open store (`await artstore.open_store(url)`)."""
     from artstore.eventstore.store import EventStore
+    from artstore.store import Store
 
-    if not isinstance(value, EventStore):
+    if not isinstance(value, (Store, EventStore)):
         raise InvalidArgumentError(
             argument, f"must be a store (await artstore.open_store(url)), not {_kind(value)}"
         )
