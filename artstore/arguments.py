@@ -102,7 +102,11 @@ def check_model_name(value: Any, argument: str = "model") -> str:
 
 def check_store(value: Any, argument: str = "store") -> Any:
     """An open store (`await artstore.open_store(url)`)."""
-    if not isinstance(value, EventStore):
+    # A `Store` wraps its `EventStore` (as `.events`); this module sits below `Store`, so
+    # it recognises one by what it holds.
+    if not isinstance(value, EventStore) and not isinstance(
+        getattr(value, "events", None), EventStore
+    ):
         raise InvalidArgumentError(
             argument, f"must be a store (await artstore.open_store(url)), not {kind_of(value)}"
         )
