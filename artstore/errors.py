@@ -123,6 +123,10 @@ class RewardFunctionError(ArtstoreError):
     """A reward function raised or returned something unusable."""
 
 
+class RolloutsFailedError(ArtstoreError):
+    """Every policy rollout of a group failed; the run stops (resume rolls them out again)."""
+
+
 class NoRolloutError(ArtstoreError, LookupError):
     """An LLM call or chat model that needs a rollout ran outside of any open rollout."""
 
@@ -172,3 +176,9 @@ class LeaseLostError(ArtstoreError):
 
 class WrongDatabaseError(ConfigurationError):
     """A worker and the run's trainer are not on the same database."""
+
+
+class RolloutFailedBeforeError(ArtstoreError):
+    """A durable rollout stands for one that failed in a group sealed before (a crash,
+    then the loop ran again): the sealed group is final, so the failure is given again
+    rather than the rollout done again (its redo would join a group already sealed)."""

@@ -36,17 +36,6 @@ def environment(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-def artstore(*args: str, **options) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-c", "from artstore.cli import main; main()", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=environment(),
-        **options,
-    )
-
-
 def records(shown: str) -> list[dict[str, str]]:
     """The records a command printed on a narrow terminal: `-[ record N ]-` then
     `name  value` lines (a value may go on over the next lines)."""
@@ -250,8 +239,8 @@ def test_runs_fits_80_columns_in_a_terminal_and_is_plain_when_piped(database_url
     assert " ".join(header.split()) == "run model status steps groups rollouts reward started (UTC)"
     assert any(line.split()[:2] == [RUN, "arith/arith/agent-001"] for line in wide.splitlines())
 
-    piped = artstore("runs", "--url", database_url)
-    assert piped.returncode == 0, piped.stderr
+    piped = cli("runs", "--url", database_url, columns=80)  # not a terminal: piped
+    assert piped.exit_code == 0, piped.stderr
     rows = piped.stdout.splitlines()
     assert not BOX & set(piped.stdout)
     assert rows[0].split()[:4] == ["run", "model", "status", "steps"]

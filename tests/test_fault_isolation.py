@@ -19,6 +19,7 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from sqlalchemy import event, select
 from sqlalchemy.engine import make_url
+from waiting import eventually
 
 import artstore
 from artstore.errors import (
@@ -89,6 +90,10 @@ async def test_an_append_the_database_refuses_fails_alone(store):
     assert store.transactions - before <= 4  # still group commit, not 63 transactions
 
 
+async def _all_running(store, names: list[str]) -> bool:
+    return await rollouts_by_status(store) == {"running": set(names)}
+
+
 async def test_a_refused_llm_call_fails_its_rollout_only_with_the_real_cause(store):
     release = asyncio.Event()
     names = [f"r{n}" for n in range(8)]
@@ -96,7 +101,8 @@ async def test_a_refused_llm_call_fails_its_rollout_only_with_the_real_cause(sto
         asyncio.create_task(run_rollout(store, name, release, calls=3, bad=name == "r3"))
         for name in names
     ]
-    await asyncio.sleep(0.2)  # every rollout.started is stored; the calls come together
+    # Every rollout.started stored first, so that the calls come together.
+    await eventually(lambda: _all_running(store, names), "every rollout to be recorded as running")
     release.set()
     outcomes = await asyncio.gather(*tasks, return_exceptions=True)
 

@@ -190,7 +190,7 @@ async def test_a_pipeline_lets_go_of_its_model_when_training_ends(database_url):
 
     from artstore.backends import CheckOnlyBackend
     from artstore.testing.inference_server import LocalInferenceServer
-    from artstore.training.lease import trainer_lease
+    from artstore.training.lease import lock_name, trainer_lease
 
     with LocalInferenceServer() as server:
         backend = CheckOnlyBackend(
@@ -225,6 +225,10 @@ async def test_a_pipeline_lets_go_of_its_model_when_training_ends(database_url):
                 max_steps_off_policy=4,
             )
             await trainer.train()
+            trained = [s for s in await rows(store, t.train_steps) if s.status == "completed"]
+            assert trained, "the pipeline trained no step"
+            assert await store.database.lock_held(lock_name("pipeline/pipe-lease")) is False
+            # TrainerConflictError here if the pipeline still held the model.
             async with trainer_lease(store.database, "again", "pipeline/pipe-lease"):
-                pass  # TrainerConflictError if the pipeline still held the model
+                assert await store.database.lock_held(lock_name("pipeline/pipe-lease"))
         await backend.close()

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from command_line import run_artstore, run_artstore_in_thread
 from recorded_run import record_run
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -172,25 +173,22 @@ async def test_dblink_cannot_reach_out_as_the_store(postgres_url):
 
 
 async def test_a_query_cannot_take_the_append_lock(recorded):
-    """While a user query holds whatever lock it can, the store still appends."""
-    grab = (
-        "SELECT pg_advisory_lock(7021802808247546469), pg_sleep(2)"
-        if recorded.dialect == "postgresql"
-        else "SELECT count(*) FROM v_rollouts, v_llm_calls, v_rewards, v_groups"
-    )
-    holder = asyncio.create_task(run_read_only(recorded.database, grab))
-    await asyncio.sleep(0.5)
-    appended = await asyncio.wait_for(
-        recorded.append("run-during", [RunFinished(run="during")]), timeout=30
-    )
-    assert appended.written
+    """While a user query is under way, holding whatever a reader of its database holds,
+    the store still appends; and the query cannot take the append lock for itself."""
+    long_query = COUNTING.format(rows=100_000) + "SELECT n.i, r.run FROM n, v_runs r"
+    async with stream_query(recorded, long_query) as result:
+        batches = result.batches()
+        assert len(await anext(batches)) == 1000  # under way, with rows still to come
+        appended = await asyncio.wait_for(
+            recorded.append("run-during", [RunFinished(run="during")]), timeout=30
+        )
+        assert appended.written
+        assert sum([len(batch) async for batch in batches]) == 99_000
     if recorded.dialect == "postgresql":  # not even an advisory lock of its own
         with pytest.raises(QueryRefusedError, match="permission denied for function"):
-            await holder
-    else:
-        await holder
-    if recorded.dialect == "sqlite":
-        with pytest.raises(QueryRefusedError):  # no write lock from a read-only file
+            await run_read_only(recorded.database, "SELECT pg_advisory_lock(7021802808247546469)")
+    else:  # no write lock from a read-only file
+        with pytest.raises(QueryRefusedError):
             await run_read_only(recorded.database, "BEGIN IMMEDIATE")
 
 
@@ -287,15 +285,8 @@ def test_two_million_rows_are_not_held_in_memory(database_url):
 
 def test_the_command_line_stops_a_query_at_its_timeout(database_url):
     url = asyncio.run(recorded_url_of(database_url))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    stopped = subprocess.run(
-        artstore_command("sql", "--url", url, "--timeout", "1", FOREVER),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert stopped.returncode == 1
+    stopped = run_artstore("sql", "--url", url, "--timeout", "1", FOREVER)
+    assert stopped.exit_code == 1
     assert stopped.stderr.count("\n") == 1 and "time limit (1 s)" in stopped.stderr
 
 
@@ -348,15 +339,8 @@ async def test_a_store_migrated_by_a_plain_user_works_and_sql_says_what_it_needs
     assert "\n" not in str(refused.value) and "artstore db upgrade" in str(refused.value)
 
     superuser_url = url.set(username="postgres").render_as_string(hide_password=False)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    upgraded = subprocess.run(
-        artstore_command("db", "upgrade", "--url", superuser_url),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert upgraded.returncode == 0 and not upgraded.stderr, upgraded.stderr
+    upgraded = await run_artstore_in_thread("db", "upgrade", "--url", superuser_url)
+    assert upgraded.exit_code == 0 and not upgraded.stderr, upgraded.stderr
     async with await artstore.open_store(plain_user_url) as store:
         await store.append("run-b", [RunFinished(run="b")])
         async with trainer_lease(store.database, "b", "project/b"):

@@ -10,7 +10,6 @@ shortened here through the URL's libpq `options`.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from urllib.parse import quote
 
 import pytest
 from sqlalchemy import text
+from waiting import eventually
 
 import artstore
 from artstore.errors import DatabaseUnavailableError
@@ -62,6 +62,10 @@ async def holders_of_the_append_lock(store) -> int:
         return found.scalar()
 
 
+async def _no_holder(store) -> bool:
+    return await holders_of_the_append_lock(store) == 0
+
+
 async def test_a_stopped_lock_holder_is_ended_and_the_writers_go_on(postgres_url):
     url = with_options(postgres_url, idle_in_transaction_session_timeout="2s", lock_timeout="60s")
     async with await artstore.open_store(url) as store:
@@ -85,7 +89,10 @@ async def test_a_writer_waits_no_longer_than_lock_timeout(postgres_url):
                 await store.append("run-blocked", [RunFinished(run="blocked")])
         finally:
             holder.end()
-        await asyncio.sleep(0.5)  # the server notices the killed holder's connection
+        # The server notices the killed holder's connection and releases its lock.
+        await eventually(
+            lambda: _no_holder(store), "the killed holder's append lock to be released"
+        )
         assert (await store.append("run-later", [RunFinished(run="later")])).written
         assert [e.decode().run for e in await store.read_all()] == ["later"]
 

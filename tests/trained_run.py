@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import art
+from command_line import run_artstore
 
 from artstore.backends import CHECKPOINT_FILE, CheckOnlyBackend
 from artstore.demo.task import agent as demo_agent
@@ -93,9 +94,9 @@ async def event_count(store: Any) -> int:
 
 async def latest_rewards(store: Any, group_id: str, scorer: str) -> list[float]:
     """The group's policy rewards by `scorer`, in the group's order (latest per rollout)."""
-    from artstore.training.replay import _policy_rewards
+    from artstore.training.replay import policy_rewards
 
-    return (await _policy_rewards(store, [group_id], scorer))[group_id]
+    return (await policy_rewards(store, [group_id], scorer))[group_id]
 
 
 # --- for the command-line tests (synchronous: the commands run their own event loop) ------
@@ -127,16 +128,10 @@ def in_store(url: str, work: Any) -> Any:
     return asyncio.run(run())
 
 
-def cli(*args: str, columns: int = 200) -> Any:
-    """Run `artstore ARGS...` in this process; the result has exit_code, stdout, stderr.
-
-    Rich tables are as wide as `columns` (a terminal's width; 80 when output is piped).
-    """
-    from typer.testing import CliRunner
-
-    from artstore.cli import app
-
-    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": str(columns)})
+def cli(*args: Any, columns: int = 200) -> Any:
+    """Run `artstore ARGS...` in this process (`command_line.run_artstore`); the result
+    has exit_code, stdout, stderr. Rich tables are as wide as `columns`."""
+    return run_artstore(*args, columns=columns)
 
 
 def one_line_error(result: Any) -> str:

@@ -45,7 +45,6 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
-from artstore.arguments import check_name, unstorable_character
 from artstore.collector import collector_paused
 from artstore.errors import (
     AppendRefusedError,
@@ -79,6 +78,7 @@ from artstore.eventstore.records import (
     recorded_from_row,
 )
 from artstore.eventstore.streams import events_of_streams, stream_heads
+from artstore.names import check_name, unstorable_character
 from artstore.redaction import Redactor
 from artstore.schema.tables import blobs, events
 

@@ -17,7 +17,9 @@ any scheduler on any host, as many as wanted, joining and leaving at any time. I
 4. sleeps on the run's notifications (with a timeout as a safety net, and a wakeup when
    the next lease of another worker expires) when there is nothing to claim;
 5. returns when the trainer finished the run, or when `stop` is set (its rollouts in
-   flight are stopped and their slots given back).
+   flight are stopped and their slots given back). A run that failed is waited for as a
+   run not registered yet is (`wait_for_run_s`): its trainer, started again, reopens it
+   and the worker carries on; else the worker returns.
 
 A worker that dies loses its leases: after they expire another worker claims the slots,
 records the dead worker's rollouts as abandoned, and rolls them out again. A worker that
@@ -53,7 +55,8 @@ from artstore.errors import (
     WrongExpectedVersionError,
 )
 from artstore.events import RolloutFailed, RunStarted
-from artstore.eventstore.store import NO_STREAM
+from artstore.eventstore.database import connect
+from artstore.groups import GroupPlace, group_rollouts, seal_group
 from artstore.workers import claims
 from artstore.workers.claims import RolloutClaim, SealClaim
 from artstore.workers.notify import Wakeups
@@ -178,6 +181,7 @@ class Worker:
         self.api_keys = api_keys
         self.inference_base_url = inference_base_url
         self.stop = stop or asyncio.Event()
+        self.wait_for_run_s = WAIT_FOR_RUN_S  # for a run to be registered, or resumed
         self.id = worker_id()
         self.summary = WorkerSummary(worker=self.id, run=run)
         self.started: RunStarted | None = None  # the run's configuration: scenarios, scorer
@@ -192,6 +196,7 @@ class Worker:
     # --- the loop ---------------------------------------------------------------------
 
     async def run(self, wait_for_run_s: float) -> WorkerSummary:
+        self.wait_for_run_s = wait_for_run_s
         async with Wakeups(self.database, self.run_name) as wakeups:
             self._wakeups = wakeups
             self.registered = await self._wait_for_registration(wait_for_run_s)
@@ -238,11 +243,9 @@ class Worker:
             if registered.status != "open":
                 self.summary.run_status = registered.status
                 if not self._rollouts and not self._seals:
-                    if registered.status == "failed":
-                        log.warning(
-                            "worker %s: run %s failed: %s", self.id, self.run_name, registered.error
-                        )
-                    return
+                    if registered.status == "finished" or not await self._wait_for_resume():
+                        return
+                    continue
             # Asked for `free`: whatever was missing is not there now. Wait for a task of
             # ours to end, a notification, or the next lease of another worker to expire.
             await wakeups.wait(await self._idle_timeout())
@@ -363,18 +366,10 @@ class Worker:
     # --- one seal ---------------------------------------------------------------------
 
     async def _seal(self, claim: SealClaim) -> None:
-        from artstore.training.framework import stored_json
-        from artstore.training.groups import (
-            call_reward_function,
-            group_rollouts,
-            group_stream,
-            rewards_event,
-            sealed_event,
-        )
-
         assert self.started is not None and self.reward is not None
-        where = f"run {claim.run!r}, epoch {claim.epoch}, scenario {claim.scenario_index} "
-        where += f"(group {claim.group_id})"
+        place = GroupPlace(
+            claim.group_id, claim.run, claim.epoch, claim.batch, claim.scenario_index
+        )
         try:
             done = await group_rollouts(self.store, claim.group_id)
             if done.running:  # attempts whose claims moved on: their writers are gone
@@ -386,49 +381,25 @@ class Worker:
                 await claims.fail_seal(
                     self.database,
                     claim,
-                    f"RolloutsFailedError: {where}: every policy rollout failed (recorded, "
+                    f"RolloutsFailedError: {place}: every policy rollout failed (recorded, "
                     "with their tracebacks)",
                 )
                 self.summary.groups_failed += 1
                 return
-            ids = [*done.policy, *done.validation]
-            trajectories = await self.store.trajectories(ids)
             try:
-                rewards = await call_reward_function(
-                    self.reward,
-                    stored_json(self.started.scenarios[claim.scenario_index]),
-                    [done.results[i] for i in ids],
-                    [trajectories[i] for i in ids],
-                    where,
+                await seal_group(
+                    self.store,
+                    place,
+                    done,
+                    scenario=self.started.scenarios[claim.scenario_index],
+                    reward_function=self.reward,
+                    scorer=self.started.scorer,
+                    condition=claims.seal_check(claim),
                 )
             except RewardFunctionError as exc:
                 await claims.fail_seal(self.database, claim, f"RewardFunctionError: {exc}")
                 self.summary.groups_failed += 1
                 return
-            scorer = self.started.scorer
-            await self.store.append(
-                group_stream(claim.group_id),
-                [
-                    rewards_event(
-                        claim.group_id,
-                        scorer,
-                        done.policy,
-                        done.validation,
-                        rewards,
-                        rescored=False,
-                    ),
-                    sealed_event(
-                        claim.group_id,
-                        run=claim.run,
-                        epoch=claim.epoch,
-                        batch=claim.batch,
-                        scenario_index=claim.scenario_index,
-                        rollouts=done,
-                    ),
-                ],
-                expected_version=NO_STREAM,
-                condition=claims.seal_check(claim),
-            )
             self.summary.groups_sealed += 1
         except BaseException as exc:
             await self._after_failed_seal(claim, exc)
@@ -464,6 +435,31 @@ class Worker:
                     "TrainingConfig(rollouts='workers') on this database"
                 )
             await self._wakeups.wait(min(left, SAFETY_NET_S))
+
+    async def _wait_for_resume(self) -> bool:
+        """The run failed: wait for its trainer to start it again (it then reopens the run),
+        as long as a worker waits for a run to be registered. Whether it was reopened.
+
+        A trainer resumed after a failure (by hand, or by its scheduler's restart policy)
+        finds its workers still there; a run nobody resumes lets them go.
+        """
+        assert self._wakeups is not None and self.registered is not None
+        log.warning(
+            "worker %s: run %s failed: %s; waiting up to %g s for its trainer to resume it",
+            self.id,
+            self.run_name,
+            self.registered.error,
+            self.wait_for_run_s,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_for_run_s
+        while not self.stop.is_set() and (left := deadline - loop.time()) > 0:
+            await self._wakeups.wait(min(left, SAFETY_NET_S))
+            found = await claims.registration(self.database, self.run_name)
+            if found is not None and found.status != "failed":
+                log.info("worker %s: run %s is %s again", self.id, self.run_name, found.status)
+                return True
+        return False
 
     def _check_models(self, registered: claims.RunRegistration) -> None:
         for role, settings in registered.models.items():
@@ -527,8 +523,6 @@ class Heartbeat:
             self._thread.join(timeout=30)
 
     async def _beat(self, url: Any, loop: asyncio.AbstractEventLoop) -> None:
-        from artstore.eventstore.database import connect
-
         database = connect(url)  # engines of this thread's own loop
         try:
             while not self._stopped.wait(self.lease_s / 3):
