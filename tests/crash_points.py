@@ -16,7 +16,8 @@ are injected from outside, by a backend and a wrapper around `store.append_nowai
   (a step found trained after a crash);
 - before-finished: the append of `run.finished`, just before it;
 - sealed: right after a `group.sealed` append committed;
-- rollout: where a driver's agent calls `CrashPlan.reach_rollout`.
+- rollout: where a driver's agent calls `CrashPlan.reach_rollout`;
+- append: right after an append the store acknowledged (tests/matrix/child.py reaches it).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ POINTS = (
     "before-finished",
     "before-reconciled",
     "after-reconciled",
+    "append",
 )
 
 

@@ -38,9 +38,9 @@ from training_helpers import assert_consistent, rows
 
 import artstore
 from artstore.backends import CheckOnlyBackend
+from artstore.groups import group_id_for
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
-from artstore.training.groups import group_id_for
 
 WORKERS = 4
 MIN_KILLS = 32

@@ -44,8 +44,9 @@ from artstore.capture.rollout import to_json_value
 from artstore.errors import InvalidEventError, RolloutFailedBeforeError
 from artstore.events import GroupSealed
 from artstore.eventstore.blobs import canonical_json
+from artstore.groups import sealed_groups
+from artstore.projections.imported import load_bodies
 from artstore.schema import tables as t
-from artstore.training.groups import sealed_groups
 from artstore.training.recording import Blobs, stamp, trajectory_event
 
 if TYPE_CHECKING:
@@ -229,8 +230,6 @@ async def _finished_with_trajectory(store: Store, group_id: str) -> list[str]:
 
 async def _failures(store: Store, seal: GroupSealed) -> list[str]:
     """A line for each rollout ART counted as failed in the sealed group (its exceptions)."""
-    from artstore.projections.imported import load_bodies
-
     if seal.art_group is None:
         return []
     async with store.database.read() as connection:
