@@ -7,7 +7,9 @@ rollouts and 1 validation rollout) with a one-call agent on a LocalInferenceServ
 CheckOnlyBackend under WORKDIR. Run it again and again until it exits 0; the crash points
 are those of tests/crash_points.py (all of them), with `rollout` reached by the agent on
 its Nth call, once another rollout of the same scenario has finished (so a group holds a
-finished and an in-flight rollout at the crash).
+finished and an in-flight rollout at the crash). WORKDIR/fail.json, when present, lists
+[0, scenario id, n]: the agent's nth call for that scenario in a run raises, once over all
+the runs (`crash_points.Failures`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from crash_points import (
     CrashingBackend,
     CrashPlan,
+    Failures,
     crash_around_appends,
     finished_in_unsealed_group,
     run_from_command_line,
@@ -42,6 +45,8 @@ async def train(url: str, workdir: Path, plan: str) -> None:
     from artstore.testing.inference_server import LocalInferenceServer
 
     crash_plan = CrashPlan(workdir, plan)
+    planned = workdir / "fail.json"
+    failures = Failures(workdir, json.loads(planned.read_text()) if planned.exists() else [])
     finished_per_scenario: Counter[int] = Counter()
 
     async def agent(scenario: dict[str, Any], thread_id: str) -> str:
@@ -51,6 +56,7 @@ async def train(url: str, workdir: Path, plan: str) -> None:
             scenario["id"],
             lambda: finished_in_unsealed_group(store, scenario["id"]),
         )
+        failures.check(0, scenario["id"])
         finished_per_scenario[scenario["id"]] += 1
         return reply.content
 

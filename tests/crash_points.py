@@ -114,6 +114,26 @@ async def finished_in_unsealed_group(store: Any, scenario_id: int) -> bool:
         return bool((await connection.execute(query)).scalar())
 
 
+class AgentFailure(RuntimeError):
+    """What the agent raises when it fails a rollout on purpose."""
+
+
+class Failures:
+    """The agent's planned failures (`Options.fail`), each raised once over all runs."""
+
+    def __init__(self, workdir: Path, planned: list[list[int]]) -> None:
+        self.workdir, self.planned = workdir, {tuple(p) for p in planned}
+        self.calls: Counter[tuple[int, int]] = Counter()
+
+    def check(self, step: int, scenario_id: int) -> None:
+        self.calls[step, scenario_id] += 1
+        planned = (step, scenario_id, self.calls[step, scenario_id])
+        marker = self.workdir / "failed-{}-{}-{}".format(*planned)
+        if planned in self.planned and not marker.exists():
+            marker.write_text("failed")
+            raise AgentFailure(f"the agent failed on purpose at {planned}")
+
+
 class CrashingBackend(CheckOnlyBackend):
     """A CheckOnlyBackend that reaches train-start, train-end and push."""
 

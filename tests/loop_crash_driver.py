@@ -37,6 +37,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 from crash_points import (
     CrashingBackend,
     CrashPlan,
+    Failures,
     crash_around_appends,
     finished_in_unsealed_group,
     run_from_command_line,
@@ -53,10 +54,6 @@ TOOLS = [LOOKUP_TOOL]
 def batch_for(step: int) -> list[dict[str, Any]]:
     """The scenarios of a step (distinct within a step, repeating across steps)."""
     return [SCENARIOS[(step * BATCH_SIZE + k) % len(SCENARIOS)] for k in range(BATCH_SIZE)]
-
-
-class AgentFailure(RuntimeError):
-    """What the agent raises when it fails a rollout on purpose."""
 
 
 @dataclass
@@ -79,22 +76,6 @@ class Options:
 
     def write(self, workdir: Path) -> None:
         (workdir / "options.json").write_text(json.dumps(self.__dict__))
-
-
-class Failures:
-    """The agent's planned failures (`Options.fail`), each raised once over all runs."""
-
-    def __init__(self, workdir: Path, planned: list[list[int]]) -> None:
-        self.workdir, self.planned = workdir, {tuple(p) for p in planned}
-        self.calls: Counter[tuple[int, int]] = Counter()
-
-    def check(self, step: int, scenario_id: int) -> None:
-        self.calls[step, scenario_id] += 1
-        planned = (step, scenario_id, self.calls[step, scenario_id])
-        marker = self.workdir / "failed-{}-{}-{}".format(*planned)
-        if planned in self.planned and not marker.exists():
-            marker.write_text("failed")
-            raise AgentFailure(f"the agent failed on purpose at {planned}")
 
 
 def record_attempt(workdir: Path, trajectory: Any) -> None:

@@ -21,6 +21,7 @@ The runs are those of tests/crash_runs.py: each a process of its own, killed for
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,52 @@ async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) 
     assert types["run.resumed"] == len(PLAN)
     assert types["run.finished"] == 1
     await assert_consistent(store)
+
+
+@pytest.mark.slow
+async def test_an_agent_that_fails_now_and_then_killed_and_resumed_keeps_each_rollout_once(
+    database_url: str, tmp_path: Path, processes: Any
+) -> None:
+    """TrainingFramework with failed rollouts in groups (left out of them) and kills while
+    such a group is half done, once it is sealed, and inside training: each rollout ends
+    in one group at most, as a member or a failure, and each group is trained once."""
+    workdir = tmp_path / "crash"
+    workdir.mkdir()
+    (workdir / "fail.json").write_text(json.dumps([[0, 0, 2], [0, 1, 3], [0, 2, 1]]))
+    plan = ["rollout:4", "sealed:2", "train-start:1"]
+    async with await artstore.open_store(database_url) as store:
+        await run_until_finished(
+            store, processes, crash_driver.train, database_url, workdir, plan, timeout_s=120
+        )
+        (run,) = await rows(store, t.runs)
+        assert run.status == "finished"
+        sealed = {
+            e.group_id: e
+            for e in (
+                r.decode() for r in await store.read_all(limit=100_000, types=["group.sealed"])
+            )
+        }
+        assert len(sealed) == crash_driver.EPOCHS * NUM_SCENARIOS
+        members = Counter(
+            rid for e in sealed.values() for rid in [*e.rollout_ids, *e.validation_rollout_ids]
+        )
+        assert set(members.values()) == {1}
+        failed_on_purpose = 0
+        for rid, rollout in {r.rollout_id: r for r in await rows(store, t.rollouts)}.items():
+            seal = sealed[rollout.group_id]
+            assert rid in members or rid in seal.failed_rollout_ids, rid
+            assert (rollout.status == "finished") == (rid in members)
+            failed_on_purpose += rollout.error_type == "AgentFailure"
+        assert failed_on_purpose == len(list(workdir.glob("failed-0-*"))) > 0
+        consumptions = await rows(store, t.group_consumptions)
+        assert Counter(c.group_id for c in consumptions) == Counter(set(sealed))
+        steps = await rows(store, t.train_steps)
+        completed = sorted((s for s in steps if s.status == "completed"), key=lambda s: s.step)
+        assert [s.step for s in completed] == list(range(1, NUM_STEPS + 1))
+        assert not [s for s in steps if s.status == "started"]
+        in_checkpoints = groups_in_checkpoints(workdir, crash_driver, completed, key="group_id")
+        assert in_checkpoints == Counter(set(sealed))
+        await assert_consistent(store)
 
 
 async def test_a_crash_while_reconciling_a_step_leaves_arts_history_whole(
