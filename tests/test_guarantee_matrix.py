@@ -25,8 +25,20 @@ one drawn case per database, the same in every run (derandomized, no shrinking);
 `ARTSTORE_MATRIX_EXAMPLES` sets the CI draw too; `ARTSTORE_MATRIX_PATTERNS=a,b` draws
 from those patterns only.
 
-What it found (Hypothesis' falsifying examples, and the time it took to find them):
-see docs/guarantees.md, "The guarantee matrix".
+What it found, each before its fix (docs/guarantees.md, "The guarantee matrix", has the
+messages and times):
+
+- issue 24 item 1 (a durable loop trains the same trajectories twice): the first case of
+  `ci_cases`, on both databases and both ARTs;
+- item 6 (streamed LangGraph calls recorded twice), drawn in 105 s:
+  Case(pattern='training-framework', agent='langgraph-stream', failure='none',
+  kills=(), database='postgresql');
+- item 8 (PipelineTrainer records no LLM call), drawn in 77 s on ART 0.5.23:
+  Case(pattern='pipeline-trainer', agent='openai', failure='none', kills=(),
+  database='sqlite');
+- calls of rollouts cancelled when `max_exceptions` is exceeded went unrecorded (fixed
+  with item 6), drawn in 126 s: Case(pattern='user-loop', agent='openai',
+  failure='max-exceptions', kills=(), database='sqlite').
 """
 
 from __future__ import annotations
