@@ -22,7 +22,8 @@ Budget: `ARTSTORE_MATRIX=ci` (the default) runs the cases of `ci_cases` (a test 
 one drawn case per database, the same in every run (derandomized, no shrinking);
 `ARTSTORE_MATRIX=long` draws at random, `ARTSTORE_MATRIX_EXAMPLES=N` cases per database
 (default 200), and shrinks what fails (`ARTSTORE_MATRIX_SHRINK=0`: reported as drawn).
-`ARTSTORE_MATRIX_EXAMPLES` sets the CI draw too.
+`ARTSTORE_MATRIX_EXAMPLES` sets the CI draw too; `ARTSTORE_MATRIX_PATTERNS=a,b` draws
+from those patterns only.
 
 What it found (Hypothesis' falsifying examples, and the time it took to find them):
 see docs/guarantees.md, "The guarantee matrix".
@@ -51,6 +52,7 @@ import artstore
 LONG = os.environ.get("ARTSTORE_MATRIX", "ci") == "long"
 EXAMPLES = int(os.environ.get("ARTSTORE_MATRIX_EXAMPLES", "200" if LONG else "1"))
 SHRINK = os.environ.get("ARTSTORE_MATRIX_SHRINK", "1" if LONG else "0") == "1"
+ONLY = os.environ.get("ARTSTORE_MATRIX_PATTERNS", "")  # e.g. "user-loop,workers"
 BUDGET = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -125,8 +127,11 @@ def test_drawn_cases_keep_every_invariant(
 ) -> None:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
 
+    patterns = available_patterns(database)
+    drawn = {name: agents for name, agents in patterns.items() if name in ONLY.split(",")}
+
     @BUDGET
-    @given(case=cases(available_patterns(database), database))
+    @given(case=cases(drawn or patterns, database))
     def matrix(case: Case) -> None:
         check_case(case, migrated_templates, processes)
 

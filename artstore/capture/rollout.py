@@ -57,7 +57,7 @@ from artstore.events import (
     new_id,
 )
 from artstore.eventstore.blobs import blob_hash, blob_json, canonical_json
-from artstore.eventstore.store import follows
+from artstore.eventstore.records import follows
 from artstore.redaction import Redactor, redact_url
 
 if TYPE_CHECKING:

@@ -241,7 +241,7 @@ def _same_content(a: TrajectoryRecorded, b: TrajectoryRecorded) -> bool:
 
 
 async def _rollout_state(store: Store, rollout_ids: list[str]) -> dict[str, Any]:
-    """Rows of the rollouts, with `sealed`: whether their group is sealed."""
+    """Rows of the rollouts: status, group, whether the group is sealed, and its run."""
     if not rollout_ids:
         return {}
     async with store.database.read() as connection:
@@ -253,16 +253,34 @@ async def _rollout_state(store: Store, rollout_ids: list[str]) -> dict[str, Any]
             )
         ).all()
         group_ids = list({r.group_id for r in rows if r.group_id})
-        sealed = set(
+        sealed = dict(
             (
                 await connection.execute(
-                    select(t.groups.c.group_id).where(t.groups.c.group_id.in_(group_ids))
+                    select(t.groups.c.group_id, t.groups.c.run).where(
+                        t.groups.c.group_id.in_(group_ids)
+                    )
                 )
-            )
-            .scalars()
-            .all()
+            ).all()
         )
-    return {r.rollout_id: (r.status, r.group_id, r.group_id in sealed) for r in rows}
+    return {
+        r.rollout_id: (r.status, r.group_id, r.group_id in sealed, sealed.get(r.group_id))
+        for r in rows
+    }
+
+
+def _check_not_sealed_elsewhere(claimed: list[Any], state: dict[str, Any], run: str) -> None:
+    """Refuse a trajectory that is a member of a sealed group of `run` (recorded again in
+    another composition): a copy of it in a second group would be trained twice."""
+    for index, claim in enumerate(claimed):
+        found = state.get(claim) if isinstance(claim, str) else None
+        if found is not None and found[0] == "finished" and found[2] and found[3] == run:
+            raise ConfigurationError(
+                f"run {run!r}: trajectory {index} is rollout {claim}, already in sealed group "
+                f"{found[1]}, and this group is not that one: a trajectory belongs to one "
+                "group, so that it is trained once. Record or train the sealed group as it "
+                f"was (artstore.run_groups, unconsumed_groups), or remove '{ROLLOUT_KEY}' "
+                "from the trajectory's metadata to record a copy on purpose"
+            )
 
 
 async def _group_members(store: Store, group_id: str) -> dict[str, list[str]]:
@@ -401,7 +419,7 @@ async def record_group_with_calls(
     elif await sealed_groups(store, [group_id]):
         raise ConfigurationError(f"group {group_id} is sealed already; it cannot be recorded again")
 
-    rollout_ids, new_rollouts = await _reuse_or_add(store, claimed, group_id)
+    rollout_ids, new_rollouts = await _reuse_or_add(store, claimed, group_id, run)
     rollouts = _GroupRollouts(
         run=run,
         group_id=group_id,
@@ -460,13 +478,15 @@ async def _sealed_as_it_is(store: Store, hinted: set[str], claimed: list[Any]) -
 
 
 async def _reuse_or_add(
-    store: Store, claimed: list[Any], group_id: str
+    store: Store, claimed: list[Any], group_id: str, run: str
 ) -> tuple[list[str], list[tuple[int, str]]]:
     """The group's rollout ids, and (trajectory index, id) of those to record now.
 
-    Finished rollouts of this store, in no sealed group, are sealed as they are.
+    Finished rollouts of this store, in no sealed group, are sealed as they are; one
+    already in a sealed group of the run is refused (see `_check_not_sealed_elsewhere`).
     """
     state = await _rollout_state(store, [c for c in claimed if isinstance(c, str)])
+    _check_not_sealed_elsewhere(claimed, state, run)
     rollout_ids: list[str] = []
     new_rollouts: list[tuple[int, str]] = []
     for index, claim in enumerate(claimed):

@@ -31,7 +31,7 @@ from crash_points import CrashPlan, crash_around_appends
 from matrix.cases import Case
 from matrix.patterns import PATTERNS, SCENARIOS, Context, Faults
 
-ACKS, REQUESTS, API_KEY = "acks.txt", "requests.jsonl", "api_key"
+ACKS, REQUESTS, API_KEY, PORT = "acks.txt", "requests.jsonl", "api_key", "port"
 TIMEOUT_S = 1.0  # the client timeout of the agents that can set one
 SECRET_TOLD_IN = SCENARIOS[-1]["question"]
 
@@ -104,6 +104,7 @@ async def train(url: str, workdir: Path, plan: str) -> None:
     crash_plan = CrashPlan(workdir, plan)
     server = LocalInferenceServer(
         api_key=(workdir / API_KEY).read_text(),
+        port=int((workdir / PORT).read_text()),
         request_log=workdir / REQUESTS,
         fail_when=failing_requests(faults),
     )

@@ -9,6 +9,7 @@ not finish within MAX_STARTS starts, fails the case with the child's log.
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,14 @@ class Outcome:
         return {s.pid for s in self.starts if s.exit_code == -9}
 
 
+def free_port() -> int:
+    """A port for the case's inference server: the same in every start, as a deployed
+    server's is (a rollout worker keeps the URL the trainer registered)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def start_once(processes: Any, url: str, workdir: Path, plan: str, number: int) -> Start:
     log = workdir / f"log-{number}.txt"
     process = processes.Process(
@@ -58,6 +67,7 @@ async def run_case(processes: Any, case: Case, url: str, workdir: Path, api_key:
     Its inference server takes `api_key` in every start."""
     case.write(workdir)
     (workdir / child.API_KEY).write_text(api_key)
+    (workdir / child.PORT).write_text(str(free_port()))
     starts: list[Start] = []
     most = len(case.kills) + 1 + (case.failure in STOPPING_FAILURES)
     for number in range(most):
@@ -71,6 +81,8 @@ async def run_case(processes: Any, case: Case, url: str, workdir: Path, api_key:
         log = (workdir / f"log-{number}.txt").read_text()
         assert planned, f"start {number} exited {start.exit_code}:\n{log[-6000:]}"
     else:
-        raise AssertionError(f"{case}: not finished after {most} starts")
+        log = (workdir / f"log-{most - 1}.txt").read_text()
+        codes = [s.exit_code for s in starts]
+        raise AssertionError(f"{case}: not finished after {most} starts {codes}:\n{log[-6000:]}")
     fired = [workdir / f"fired-{i}" for i in range(len(case.kills))]
     return Outcome(starts, [f.read_text() for f in fired if f.exists()])

@@ -257,12 +257,8 @@ async def langgraph_loop(context: Context) -> None:
     await gathering_loop(context, rollout, "after_each")
 
 
-async def training_framework(context: Context) -> None:
-    """artstore.TrainingFramework: the seed's loop on events, resumed from the store."""
-    import artstore
-
-    backend = context.trainer()
-    model = await registered_model(context, backend)
+def framework_agent(context: Context, model: Any) -> Any:
+    """The agent `TrainingFramework` (and a rollout worker) calls: `(scenario, id) -> text`."""
 
     async def agent(scenario: dict[str, Any], thread_id: str) -> str:
         if context.case.agent.startswith("openai"):
@@ -272,17 +268,50 @@ async def training_framework(context: Context) -> None:
         context.finished[scenario["id"]] += 1
         return answer
 
+    return retried(context, agent)
+
+
+def framework_reward(context: Context) -> Any:
     def reward(scenario: Any, results: list[Any], trajectories: list[Any]) -> list[float]:
         return [context.faults.reward(str(result)) for result in results]
 
+    return reward
+
+
+async def training_framework(context: Context, rollouts: str = "in_process") -> None:
+    """artstore.TrainingFramework: the seed's loop on events, resumed from the store."""
+    import artstore
+
+    backend = context.trainer()
+    model = await registered_model(context, backend)
     await artstore.TrainingFramework(context.store, progress=False).run_training(
         model=model,
         scenarios=scenarios_in_order(),
-        agent_function=retried(context, agent),
-        reward_function=reward,
-        config=artstore.TrainingConfig(epochs=1, batch_size=BATCH, group_size=GROUP_SIZE),
+        agent_function=framework_agent(context, model),
+        reward_function=framework_reward(context),
+        config=artstore.TrainingConfig(
+            epochs=1, batch_size=BATCH, group_size=GROUP_SIZE, rollouts=rollouts
+        ),
     )
     await backend.close()
+
+
+async def workers(context: Context) -> None:
+    """TrainingFramework in workers mode and a rollout worker, side by side (PostgreSQL)."""
+    import asyncio
+
+    from artstore.workers import run_worker
+
+    trainer = training_framework(context, rollouts="workers")
+    worker = run_worker(
+        context.store,
+        RUN,
+        framework_agent(context, None),  # LangGraph agents only: no model of its own
+        framework_reward(context),
+        concurrency=2,
+        api_key=context.server.api_key,
+    )
+    await asyncio.gather(trainer, worker)
 
 
 async def pipeline_trainer(context: Context) -> None:
@@ -319,6 +348,10 @@ class Pattern:
     available: Callable[[str], bool] = lambda database: True
 
 
+def _is_postgresql(database: str) -> bool:
+    return database == "postgresql"
+
+
 def _has_pipeline_trainer(database: str) -> bool:
     from artstore.art_versions import has_pipeline_trainer
 
@@ -331,6 +364,7 @@ PATTERNS: dict[str, Pattern] = {
     "record-group": Pattern(record_group_loop, OPENAI),
     "langgraph-loop": Pattern(langgraph_loop, LANGGRAPH),
     "training-framework": Pattern(training_framework, OPENAI + LANGGRAPH),
+    "workers": Pattern(workers, LANGGRAPH, _is_postgresql),
     # ART's PipelineTrainer refuses a streamed Choice (no usage: no completion tokens).
     "pipeline-trainer": Pattern(pipeline_trainer, ("openai",), _has_pipeline_trainer),
 }
