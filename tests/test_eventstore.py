@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from budget import budget
 from sqlalchemy import func, select, text
 from sqlalchemy.dialects.sqlite.pysqlite import SQLiteDialect_pysqlite
 
@@ -283,7 +284,7 @@ async def test_a_blob_under_another_hash_than_its_texts_is_refused_with_its_appe
 async def test_catch_up_reader_sees_every_event_once_in_order(database_url, events):
     # "unprojected": the writers' batches need no projection, so that on PostgreSQL each
     # is one INSERT that commits by itself; they queue behind the slow writer all the same.
-    per_writer, writers = 2000, 4
+    per_writer, writers = budget(500, 2000), 4
     mode = ["--unprojected"] if events == "unprojected" else []
     async with await artstore.open_store(database_url) as store:
         # The slow writer starts first: its position is low, its commit late.

@@ -5,8 +5,8 @@ workers (tests/worker_storm.py, forked from a forkserver that imported ART once)
 inference server in this process with a fixed latency, and PostgreSQL. While the run
 trains, the test
 
-- SIGKILLs random workers, and every fifth time the trainer, and starts them again (at
-  least 30 kills in all);
+- SIGKILLs random workers, and every fifth time the trainer, and starts them again (12
+  kills in all; 32 under ARTSTORE_LONG=1);
 - pauses a worker that holds claims with SIGSTOP until other workers have claimed its
   slots again (its leases expired), then resumes it: the database must refuse what it
   tries to end (fencing), and it must go on working;
@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 import worker_storm as storm
+from budget import budget
 from sqlalchemy import bindparam, select, text
 from training_helpers import assert_consistent, rows
 
@@ -43,7 +44,7 @@ from artstore.testing.inference_server import LocalInferenceServer
 from artstore.training.groups import group_id_for
 
 WORKERS = 4
-MIN_KILLS = 32
+MIN_KILLS = budget(12, 32)
 LEASE_S = 1.5
 LATENCY_S = 0.1
 
@@ -199,9 +200,9 @@ async def run_storm(
     cut: dict[str, Any] = {}
     kills = 0
     while kills < MIN_KILLS:
-        if kills == 8:
+        if kills == MIN_KILLS // 4:
             paused = await pause_a_worker_past_its_lease(storm_, store, spared)
-        if kills == 16:
+        if kills == MIN_KILLS // 2:
             cut = await cut_a_worker_off(storm_, store, spared)
         await asyncio.sleep(rng.uniform(0.1, 0.4))
         if kills % 5 == 4:
@@ -292,7 +293,9 @@ async def cut_a_worker_off(
 async def check(
     store: artstore.Store, storm_: Storm, paused: dict[str, Any], cut: dict[str, Any]
 ) -> None:
-    assert sum(storm_.kills.values()) >= 30 and storm_.kills["trainer"] >= 5, storm_.kills
+    # A process may be gone already when its turn comes (not counted as a kill).
+    assert sum(storm_.kills.values()) >= MIN_KILLS - 2, storm_.kills
+    assert storm_.kills["trainer"] >= MIN_KILLS // 5 - 1, storm_.kills
     (run,) = await rows(store, t.runs)
     assert run.status == "finished"
 
