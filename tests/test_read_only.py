@@ -13,11 +13,11 @@ import hashlib
 import os
 import sqlite3
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+from command_line import run_artstore
 from recorded_run import RUN, record_run
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
@@ -117,7 +117,7 @@ async def test_a_read_only_store_reads_and_refuses_to_record(database_url):
                     await connection.execute(text("DELETE FROM runs"))
 
 
-def test_read_commands_work_on_read_only_media():
+def test_read_commands_work_on_read_only_media(monkeypatch):
     """A store on media nobody may write: runs, show, sql and export work, change nothing."""
     folder = Path(tempfile.mkdtemp(prefix="artstore-readonly-"))
     path = folder / "artstore.db"
@@ -136,19 +136,12 @@ def test_read_commands_work_on_read_only_media():
         path.chmod(0o444)
         folder.chmod(0o555)
     before = snapshot(folder)
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "COLUMNS": "200"}
+    monkeypatch.chdir("/")
     try:
         for command in READ_COMMANDS:
-            done = subprocess.run(
-                [sys.executable, "-c", "from artstore.cli import main; main()", *command],
-                cwd="/",
-                env={**env, "ARTSTORE_URL": str(media / "artstore.db")},
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            assert done.returncode == 0, (command, done.stderr)
-            assert done.stdout.strip()
+            done = run_artstore(*command, env={"ARTSTORE_URL": str(media / "artstore.db")})
+            assert done.exit_code == 0, (command, done.stderr)
+            assert done.stdout_bytes.strip()
         assert snapshot(folder) == before
         assert sorted(p.name for p in folder.iterdir()) == ["artstore.db"]  # no -wal, -shm
     finally:
