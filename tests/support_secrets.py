@@ -138,7 +138,11 @@ def viewer_pages(database_url: str, run: str, rollouts: list[str]) -> list[str]:
     paths += [f"/compare/scorers?run={quote(run)}", "/compare/runs"]
     paths += [f"/sql?q={quote(f'SELECT * FROM {view}')}" for view in SHOWN_VIEWS]
     pages = []
-    with BackgroundViewer(database_url) as viewer, httpx.Client(base_url=viewer.address) as web:
+    # httpx gives up after 5 s by default: a page may take longer on a busy machine.
+    with (
+        BackgroundViewer(database_url) as viewer,
+        httpx.Client(base_url=viewer.address, timeout=120) as web,
+    ):
         groups = re.findall(r"/groups/([0-9a-f-]+)", web.get(f"/runs/{quote(run)}").text)
         for path in paths + [f"/groups/{group}" for group in dict.fromkeys(groups)]:
             page = web.get(path)
