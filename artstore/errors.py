@@ -172,3 +172,9 @@ class LeaseLostError(ArtstoreError):
 
 class WrongDatabaseError(ConfigurationError):
     """A worker and the run's trainer are not on the same database."""
+
+
+class RolloutFailedBeforeError(ArtstoreError):
+    """A durable rollout stands for one that failed in a group sealed before (a crash,
+    then the loop ran again): the sealed group is final, so the failure is given again
+    rather than the rollout done again (its redo would join a group already sealed)."""

@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import select
-from sqlalchemy.engine import URL, Connection
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from artstore.arguments import (
@@ -29,7 +28,7 @@ from artstore.arguments import (
 )
 from artstore.collector import collector_paused
 from artstore.errors import DatabaseUnavailableError, InvalidArgumentError, NotFoundError
-from artstore.eventstore.database import Database, connect, translate_error
+from artstore.eventstore.database import Database, connect, database_class, translate_error
 from artstore.eventstore.store import EventStore
 from artstore.redaction import learn
 from artstore.schema import migrate
@@ -227,7 +226,7 @@ async def open_store(
     resolved = resolve_url(check_url(url), create_folder=create and not read_only)
     learn(urls=[resolved.render_as_string(hide_password=False)])  # its password, if any
     if not create and not read_only:
-        _require_sqlite_file(resolved)
+        database_class(resolved).check_exists(resolved)  # connecting would create it
     database = connect(resolved, read_only=read_only)
     try:
         await database.check_reachable()
@@ -259,16 +258,6 @@ async def check_readable(database: Database) -> str:
         raise DatabaseUnavailableError(
             f"cannot read the database at {database.location}: {message}"
         ) from None
-
-
-def _require_sqlite_file(url: URL) -> None:
-    """Refuse a SQLite URL whose file does not exist (connecting would create it)."""
-    if url.get_backend_name() != "sqlite":
-        return
-    path = Path(url.database or "")
-    if not path.is_file():
-        folder = " (it is a folder)" if path.is_dir() else ""
-        raise NotFoundError(f"no artstore database at {path}{folder}")
 
 
 async def prepare_schema(database: Database, *, upgrade: bool, create: bool = True) -> str | None:

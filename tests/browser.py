@@ -2,7 +2,7 @@
 
 Nothing is downloaded: the browser and its driver come from the system (`apt install
 chromium chromium-driver`), or from `$ARTSTORE_CHROMIUM` and `$ARTSTORE_CHROMEDRIVER`.
-Screenshots go to `$ARTSTORE_SCREENSHOTS` when set (e.g. `docs/images` for the README),
+Screenshots go to `$ARTSTORE_SCREENSHOTS` when set (e.g. `docs/images` for docs/viewer.md),
 else to a folder of the test session.
 """
 

@@ -1,15 +1,18 @@
-"""Every fenced block of README.md runs as pasted, in order, in one fresh directory.
+"""Every code block of the documentation runs as pasted, in order, in one fresh directory.
 
-A reader who pastes the blocks from top to bottom gets what the README says: shell blocks
-run in bash, Python blocks are whole scripts run with `python`, SQL blocks run through
-`artstore sql`. On SQLite the blocks use the default store (`.artstore/artstore.db` in the
-directory); on PostgreSQL `ARTSTORE_URL` points them at a fresh database of the test.
+The pages of docs/ run in the order of the site's navigation (mkdocs.yml), as a reader who
+follows the site pastes them; the README's blocks are copies of the pages' (checked here),
+so they run with them. Shell blocks run in bash, Python blocks are whole scripts run with
+`python`, SQL blocks run through `artstore sql`. On SQLite the blocks use the default store
+(`.artstore/artstore.db` in the directory); on PostgreSQL `ARTSTORE_URL` points them at a
+fresh database of the test.
 
-Left out: the first block (it installs artstore and runs this very suite), lines that start
-`artstore ui` (a server that runs until stopped; tests/test_viewer.py and
+Left out: blocks marked `<!-- not run: REASON -->` on the line above their fence (they
+install artstore and run this very suite, or need hosts of the reader's own), lines that
+start `artstore ui` (a server that runs until stopped; tests/test_viewer.py and
 tests/test_cli_inspect.py test it), and, on ART before 0.5.20, the PipelineTrainer block
-(ART has no PipelineTrainer there; the README says so). Which blocks run is decided
-inside the test, so the PostgreSQL half runs on every ART.
+(ART has no PipelineTrainer there; the page says so). Which blocks run is decided inside
+the test, so the PostgreSQL half runs on every ART.
 """
 
 from __future__ import annotations
@@ -17,44 +20,79 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from artstore.art_versions import has_pipeline_trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+CI = ROOT / ".ci" / "run"
 INSTALL_AND_TEST = 'python -m pip install -e ".[dev]"\npython -m pytest\n'
 PIPELINE_TRAINER = "artstore.pipeline_trainer("
+LANGUAGES = {"bash", "python", "sql"}  # the blocks that run; `text`, `toml`... are shown only
+# Names a reader would take for code that runs, which the runner would pass over.
+LOOKALIKES = {"", "sh", "shell", "console", "zsh", "py", "python3", "pycon", "postgresql"}
+FENCED = re.compile(r"(?:^<!-- not run: (.*?) -->\n)?^```(\w*)\n(.*?)^```$", re.S | re.M)
 
 
 @dataclass(frozen=True)
 class Block:
+    page: str  # relative to the repository
     language: str
     code: str
-    line: int  # the README line of its opening fence
+    line: int  # the page's line of its opening fence
+    not_run: str | None  # why it is not run, when it is not
 
     @property
     def name(self) -> str:
-        return f"README.md:{self.line} ({self.language})"
+        return f"{self.page}:{self.line} ({self.language})"
 
 
-def readme_blocks() -> list[Block]:
-    """The fenced blocks of the README, in order."""
-    text = README.read_text()
+def blocks_of(path: Path) -> list[Block]:
+    """The fenced blocks of a page, in order."""
+    text = path.read_text()
+    page = str(path.relative_to(ROOT))
     return [
-        Block(m.group(1), m.group(2), text.count("\n", 0, m.start()) + 1)
-        for m in re.finditer(r"^```(\w*)\n(.*?)^```$", text, re.S | re.M)
+        Block(page, m.group(2), m.group(3), text.count("\n", 0, m.start(2)) + 1, m.group(1))
+        for m in FENCED.finditer(text)
     ]
 
 
+def site_pages() -> list[Path]:
+    """The pages of docs/ in the order of the site's navigation."""
+
+    def flatten(items) -> list[str]:
+        found = []
+        for item in items:
+            value = next(iter(item.values())) if isinstance(item, dict) else item
+            found += flatten(value) if isinstance(value, list) else [value]
+        return found
+
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    return [DOCS / page for page in flatten(nav)]
+
+
+def docs_blocks() -> list[Block]:
+    return [block for page in site_pages() for block in blocks_of(page)]
+
+
 def blocks_to_run(blocks: list[Block], *, pipeline_trainer: bool) -> list[Block]:
-    """All blocks but the install-and-test one, and the PipelineTrainer's where ART lacks it."""
-    return [b for b in blocks[1:] if pipeline_trainer or PIPELINE_TRAINER not in b.code]
+    """The blocks that run and are not marked, but the PipelineTrainer's where ART lacks it."""
+    return [
+        b
+        for b in blocks
+        if b.language in LANGUAGES
+        and b.not_run is None
+        and (pipeline_trainer or PIPELINE_TRAINER not in b.code)
+    ]
 
 
 def without_ui(code: str) -> str:
@@ -85,11 +123,11 @@ def run_block(block: Block, workdir: Path, env: dict[str, str]) -> subprocess.Co
     if block.language == "bash":
         command = ["bash", "-e", "-o", "pipefail", "-c", without_ui(block.code)]
     elif block.language == "python":
-        script = workdir / f"readme_{block.line}.py"
+        script = workdir / f"{Path(block.page).stem}_{block.line}.py"
         script.write_text(block.code)
         command = [sys.executable, script.name]
     elif block.language == "sql":
-        query = workdir / f"readme_{block.line}.sql"
+        query = workdir / f"{Path(block.page).stem}_{block.line}.sql"
         query.write_text(block.code)
         command = ["artstore", "sql", "--format", "json", "--file", query.name]
     else:
@@ -105,22 +143,60 @@ def output_of(results: dict[Block, subprocess.CompletedProcess], marker: str) ->
     return found.stdout + found.stderr
 
 
-def test_the_first_block_installs_and_tests():
-    first = readme_blocks()[0]
-    assert (first.language, first.code, first.line) == ("bash", INSTALL_AND_TEST, 1)
+def test_the_readme_has_the_install_and_test_commands_right_under_its_title():
+    text = README.read_text()
+    first = blocks_of(README)[0]
+    assert text.startswith("# artstore\n\n<!-- not run: ")
+    assert (first.language, first.code, first.line) == ("bash", INSTALL_AND_TEST, 4)
+
+
+def test_ci_runs_the_readme_install_and_test_commands():
+    """.ci/run runs each command of the README's first block, adding only options of its own."""
+    ci_lines = []
+    for line in CI.read_text().splitlines():
+        try:
+            ci_lines.append(shlex.split(line, comments=True))
+        except ValueError:  # a line of the Python it runs, or one that goes on below
+            continue
+    for command in INSTALL_AND_TEST.splitlines():
+        words = shlex.split(command)
+        found = [
+            line
+            for line in ci_lines
+            if [w for w in line if not w.startswith("-") or w in words] == words
+        ]
+        assert found, f".ci/run does not run the README's {command!r}"
+
+
+def test_every_block_of_the_readme_runs_as_a_block_of_a_page():
+    in_pages = {(b.language, b.code, b.not_run is None) for b in docs_blocks()}
+    for block in blocks_of(README):
+        assert (block.language, block.code, block.not_run is None) in in_pages, block.name
+
+
+def test_every_page_is_in_the_site_navigation():
+    pages = {path.relative_to(DOCS) for path in DOCS.rglob("*.md")}
+    assert pages == {path.relative_to(DOCS) for path in site_pages()}
+
+
+def test_every_block_runs_or_says_why_not():
+    for block in [*blocks_of(README), *docs_blocks()]:
+        assert block.language not in LOOKALIKES, f"{block.name}: say bash, python or sql"
+        if block.not_run is not None:
+            assert block.language in LANGUAGES and block.not_run.strip(), block.name
 
 
 def test_the_pipeline_trainer_block_is_left_out_only_where_art_lacks_it():
-    blocks = readme_blocks()
+    blocks = docs_blocks()
     (pipeline,) = [b for b in blocks if PIPELINE_TRAINER in b.code]
-    assert pipeline in blocks_to_run(blocks, pipeline_trainer=True)
-    assert pipeline not in blocks_to_run(blocks, pipeline_trainer=False)
-    assert len(blocks_to_run(blocks, pipeline_trainer=False)) == len(blocks) - 2
+    with_it = blocks_to_run(blocks, pipeline_trainer=True)
+    assert pipeline in with_it
+    assert blocks_to_run(blocks, pipeline_trainer=False) == [b for b in with_it if b != pipeline]
 
 
 @pytest.mark.slow
 def test_every_block_runs_as_pasted_in_order(database_url, tmp_path):
-    blocks = blocks_to_run(readme_blocks(), pipeline_trainer=has_pipeline_trainer())
+    blocks = blocks_to_run(docs_blocks(), pipeline_trainer=has_pipeline_trainer())
     env = environment(database_url)
     results: dict[Block, subprocess.CompletedProcess] = {}
     for block in blocks:

@@ -9,7 +9,8 @@ from sqlalchemy.engine import make_url
 
 import artstore
 from artstore.events import CheckpointPushed, RunFinished
-from artstore.eventstore.streams import events_of_streams, heads_of_streams, stream_heads
+from artstore.eventstore.recorder import recorder_for, recorder_of
+from artstore.eventstore.streams import events_of_streams, stream_heads
 from artstore.schema.tables import events
 
 
@@ -21,7 +22,7 @@ async def test_many_streams_are_read_as_an_in_list_reads_them(store):
     wanted = ["s5", "missing", "s1", "s0", "s4", "s2"]
 
     def read(connection):
-        dialect = connection.dialect.name
+        recorder = recorder_of(connection)
         heads = stream_heads(connection, wanted)
         plain_heads = dict(
             connection.execute(
@@ -36,7 +37,7 @@ async def test_many_streams_are_read_as_an_in_list_reads_them(store):
             if event_type is not None:
                 plain = plain.where(events.c.type == event_type)
             plain = plain.order_by(events.c.stream_id, events.c.version)
-            query = events_of_streams(dialect, wanted, list(events.c), event_type)
+            query = events_of_streams(recorder, wanted, list(events.c), event_type)
             found[event_type] = (
                 [tuple(row) for row in connection.execute(query)],
                 [tuple(row) for row in connection.execute(plain)],
@@ -63,8 +64,8 @@ async def test_postgresql_reads_each_stream_through_the_index_before_any_analyze
         "in list": select(events).where(
             events.c.stream_id.in_(wanted), events.c.type == "llm.call"
         ),
-        "events": events_of_streams("postgresql", wanted, list(events.c), "llm.call"),
-        "heads": heads_of_streams("postgresql", wanted),
+        "events": events_of_streams(recorder_for("postgresql"), wanted, list(events.c), "llm.call"),
+        "heads": recorder_for("postgresql").select_heads(wanted),
     }
     try:
         with engine.begin() as connection:
@@ -87,7 +88,9 @@ async def test_postgresql_reads_each_stream_through_the_index_before_any_analyze
                 text("SELECT reltuples FROM pg_class WHERE relname = 'events'")
             ).scalar()
             calls = connection.execute(
-                events_of_streams("postgresql", wanted, [events.c.stream_id], "llm.call")
+                events_of_streams(
+                    recorder_for("postgresql"), wanted, [events.c.stream_id], "llm.call"
+                )
             ).all()
             heads = stream_heads(connection, [*wanted, "rollout-none"])
     finally:

@@ -10,6 +10,7 @@ tests/test_worker_storm.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -35,6 +36,7 @@ from training_helpers import (
 from typer.testing import CliRunner
 
 import artstore
+from artstore.backends import CheckOnlyBackend
 from artstore.cli import app
 from artstore.errors import (
     ConfigurationError,
@@ -511,6 +513,74 @@ async def test_a_trainer_trains_what_workers_roll_out_within_the_off_policy_boun
             assert registered.models["policy"]["inference_model_name"] == "agent@4"
             assert server.api_key not in str(registered.models)  # keys are never stored
             assert backend._current_step(model) == 4
+            await assert_consistent(store)
+
+
+class FailsOnceBackend(CheckOnlyBackend):
+    """A backend whose second `train` call fails, once: the trainer stops on it."""
+
+    failed = False
+
+    async def train(self, model: Any, groups: Any, **kwargs: Any) -> Any:
+        if self._current_step(model) == 1 and not self.failed:
+            type(self).failed = True
+            raise RuntimeError("the GPU fell off the bus")
+        return await super().train(model, groups, **kwargs)
+
+
+async def test_workers_wait_for_a_failed_run_to_be_resumed_by_its_trainer(
+    postgres_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The trainer fails, its workers see the run failed, the trainer is started again:
+    the workers carry on with the resumed run, which trains every group once."""
+    caplog.set_level(logging.INFO, logger="artstore.workers")
+    async with LocalInferenceServer(latency_s=0.01) as server:
+        model, _ = await trainable_model(tmp_path, server, backend_class=FailsOnceBackend)
+        run = f"{PROJECT}/{model.name}"
+        config = artstore.TrainingConfig(
+            epochs=1, batch_size=1, group_size=2, rollouts="workers", max_steps_off_policy=0
+        )
+
+        def training() -> Any:
+            return artstore.TrainingFramework(store).run_training(
+                model=model,
+                scenarios=scenarios(3),
+                agent_function=scripted_agent,
+                reward_function=length_reward,
+                config=config,
+            )
+
+        async with (
+            await artstore.open_store(postgres_url) as store,
+            await artstore.open_store(postgres_url) as store_a,
+            await artstore.open_store(postgres_url) as store_b,
+        ):
+            workers = asyncio.gather(
+                *(
+                    run_worker(s, run, scripted_agent, lease_s=10, api_key=server.api_key)
+                    for s in (store_a, store_b)
+                )
+            )
+            with pytest.raises(artstore.ArtstoreError, match="the GPU fell off the bus"):
+                await training()
+
+            def saw_failure() -> int:
+                return sum(f"run {run} failed" in r.getMessage() for r in caplog.records)
+
+            for _ in range(1200):  # both workers notice the failure (a slow machine: 60 s)
+                if saw_failure() == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert saw_failure() == 2
+            # Started again: a hang (workers gone, the trainer waiting for them) fails here.
+            summary = await asyncio.wait_for(training(), timeout=300)
+            done = await asyncio.wait_for(workers, timeout=60)
+
+            assert summary.steps_trained == [2, 3]
+            assert [w.run_status for w in done] == ["finished", "finished"]
+            groups = {g.group_id for g in await rows(store, t.groups)}
+            consumptions = await rows(store, t.group_consumptions)
+            assert len(groups) == 3 and Counter(c.group_id for c in consumptions) == Counter(groups)
             await assert_consistent(store)
 
 

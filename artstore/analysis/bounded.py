@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from artstore.eventstore.database import USER_QUERY_ROW_BYTES, ResultColumn
+from artstore.eventstore.database import USER_QUERY_ROW_BYTES, ResultColumn, SQLSyntax
 
 MiB = 2**20
 
@@ -73,26 +73,22 @@ def bounded_statement(statement: str, columns: list[ResultColumn], bounds: Bound
     )
 
 
-# What each database skips before a statement's first word: blanks and comments. A `--`
-# comment ends at a line feed (PostgreSQL: or a carriage return); PostgreSQL nests /* */
-# comments, SQLite does not, and an unclosed one runs to the end.
-_BLANKS = {"sqlite": " \t\n\f\r", "postgresql": " \t\n\r\f\v"}
-_LINE_ENDS = {"sqlite": "\n", "postgresql": "\n\r"}
 # A word as both databases read one: any character past ASCII belongs to it too.
 _WORD = re.compile(r"[A-Za-z_\x80-\U0010ffff][A-Za-z0-9_$\x80-\U0010ffff]*")
 
 
-def first_word(statement: str, dialect: str) -> str:
-    """The first word of `statement` as the database reads it, upper-cased ("" if none)."""
+def first_word(statement: str, syntax: SQLSyntax) -> str:
+    """The first word of `statement` as the database reads it, upper-cased ("" if none):
+    past the blanks and comments it skips (`syntax`; an unclosed comment runs to the end)."""
     at = 0
     while at < len(statement):
-        if statement[at] in _BLANKS[dialect]:
+        if statement[at] in syntax.blanks:
             at += 1
         elif statement.startswith("--", at):
-            ends = [statement.find(end, at) for end in _LINE_ENDS[dialect]]
+            ends = [statement.find(end, at) for end in syntax.line_ends]
             at = min((end for end in ends if end >= 0), default=len(statement))
         elif statement.startswith("/*", at):
-            at = _comment_end(statement, at, nested=dialect == "postgresql")
+            at = _comment_end(statement, at, nested=syntax.nested_comments)
         else:
             word = _WORD.match(statement, at)
             return word.group(0).upper() if word else ""

@@ -54,13 +54,12 @@ from artstore.errors import (
     QueryRefusedError,
     ResultTooLargeError,
 )
-from artstore.eventstore.database import USER_QUERY_ROW_BYTES, Database
+from artstore.eventstore.database import USER_QUERY_ROW_BYTES, Database, database_class_named
 
 DEFAULT_TIMEOUT_S = 30.0
 T = TypeVar("T")
 
 # sqlglot's name for each database.
-_DIALECTS = {"sqlite": "sqlite", "postgresql": "postgres"}
 # Nodes of statements that write or change the database or the session.
 _WRITING = (
     exp.Insert,
@@ -171,7 +170,7 @@ def read_only_statement(sql: str, dialect: str) -> str:
 
 def _parse(sql: str, dialect: str) -> list[exp.Expression]:
     try:
-        parsed = sqlglot.parse(sql, read=_DIALECTS[dialect])
+        parsed = sqlglot.parse(sql, read=database_class_named(dialect).sql_syntax.sqlglot_dialect)
     except (ParseError, TokenError) as exc:
         raise QueryRefusedError(
             f"refused: the query does not parse: {_syntax_error(exc)}"
@@ -298,7 +297,7 @@ class _Plan(NamedTuple):
 
 
 async def _plan(database: Database, session: Any, statement: str, bounds: Bounds) -> _Plan:
-    if first_word(statement, database.dialect) == "EXPLAIN":
+    if first_word(statement, database.sql_syntax) == "EXPLAIN":
         return _Plan(statement, None, False)  # a plan: rows as long as the query at most
     columns = await database.describe_query(session, statement)
     wrapped = bounded_statement(statement, columns, bounds) if columns else None

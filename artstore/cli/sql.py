@@ -47,7 +47,7 @@ def sql(
 ) -> None:
     """Run one read-only SQL query over the views and print its rows.
 
-    Query the v_* views (README.md, "SQL views"): the same on SQLite and PostgreSQL.
+    Query the v_* views (docs/views.md): the same on SQLite and PostgreSQL.
     Anything that writes is refused; rows are printed as the database sends them, at
     most 16 MiB a row and 64 MiB in 1,000 rows.
     """

@@ -18,7 +18,7 @@ def ui(
         str,
         typer.Option(
             help="Address to listen on. The default, 127.0.0.1, lets only this machine in "
-            "(reach a remote store through an SSH tunnel: README, 'Looking at runs').",
+            "(reach a remote store through an SSH tunnel: docs/viewer.md).",
         ),
     ] = "127.0.0.1",
     port: Annotated[

@@ -12,7 +12,7 @@ import typer
 
 from artstore.cli.plugins import load_attribute, load_reward_function
 from artstore.cli.shared import UrlOption, UsageError, console, err_console, run
-from artstore.errors import ConfigurationError
+from artstore.errors import ArtstoreError, ConfigurationError
 
 RunArgument = Annotated[
     str, typer.Argument(metavar="RUN", help="The run its trainer trains from workers.")
@@ -97,7 +97,7 @@ def worker(
                 "function agent(scenario, rollout_id)"
             )
         reward_function = load_reward_function(reward) if reward else None
-        if not (url or "").startswith("postgres"):  # before anything is opened or created
+        if not _serves_many_machines(url):  # before anything is opened or created
             raise ConfigurationError(
                 "rollout workers need PostgreSQL (give --url postgresql://... or set "
                 "$ARTSTORE_URL): workers on many hosts coordinate through its row locks and "
@@ -140,3 +140,17 @@ def worker(
     )
     if summary.run_status == "failed":
         raise typer.Exit(1)
+
+
+def _serves_many_machines(url: str | None) -> bool:
+    """Whether `url` names a database that workers on many hosts can share (nothing is
+    opened or created to tell)."""
+    from artstore.eventstore.database import database_class
+    from artstore.urls import resolve_url
+
+    if not url:
+        return False
+    try:
+        return database_class(resolve_url(url, create_folder=False)).many_machines
+    except ArtstoreError:
+        return False  # not a URL of a database artstore runs on: said as for SQLite

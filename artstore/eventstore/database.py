@@ -15,13 +15,14 @@ file:
 
 from __future__ import annotations
 
+import errno
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from sqlalchemy import Table, text
+from sqlalchemy import text
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -38,6 +39,7 @@ from artstore.errors import (
     ReadOnlyStoreError,
     StorageFullError,
 )
+from artstore.eventstore.recorder import ErrorKind, Recorder, causes, error_kind
 from artstore.urls import redact
 
 T = TypeVar("T")
@@ -63,47 +65,58 @@ class ResultColumn:
     size: str | None
 
 
+@dataclass(frozen=True)
+class SQLSyntax:
+    """What a database's parser does with the start of a statement: sqlglot's name for
+    its dialect; the characters it skips as blanks; what ends a `--` comment; whether
+    `/* */` comments nest."""
+
+    sqlglot_dialect: str
+    blanks: str
+    line_ends: str
+    nested_comments: bool
+
+
+@dataclass
+class WriteBatch:
+    """One write transaction of the event store, as its writer commits it.
+
+    `write(connection)` does all of it: stream heads, checks, blobs, events, projections.
+    `rows`, when not None, says that the batch is nothing but these event rows (versions
+    included: no condition, no new blob, nothing to project): a database may then insert
+    them in one statement that commits by itself, and calls `inserted(positions)` instead
+    of `write`. Where it cannot, `write` does the same."""
+
+    write: Callable[[Connection], None]
+    events: int
+    rows: list[dict[str, Any]] | None = None
+    inserted: Callable[[list[int]], None] | None = None
+
+
 class Writer:
-    """Runs the event store's write transactions: synchronous SQL, one call per transaction.
+    """Commits the event store's write transactions: synchronous SQL, one call each.
 
     The store has one writer; each database runs it its own way (a thread with its own
-    connection, a dedicated pooled connection).
+    connection, a dedicated connection), and chooses how a `WriteBatch` is committed.
     """
 
-    async def transaction(self, work: Callable[[Connection], T], *, events: int = 0) -> T:
-        """Run `work` in one write transaction that holds the append lock, and commit.
+    def commit_now(self, batch: WriteBatch) -> bool:
+        """Commit `batch` here and now, on the caller's thread, if the database can without
+        waiting for anything (True once committed; False, with nothing written, when it
+        cannot). An error is raised as it is."""
+        return False
 
-        `events`: how many events it appends (0: unknown), so that a database may run a
-        small transaction without a hop to another thread."""
+    async def commit(self, batch: WriteBatch) -> None:
+        """Commit `batch`, waiting for the database as long as it takes."""
         raise NotImplementedError
 
-    # Whether `insert_and_commit` is offered (a database where a transaction that only
-    # inserts events is cheaper as one statement that commits by itself).
-    single_statement_appends: bool = False
-
-    async def insert_and_commit(self, rows: list[dict[str, Any]]) -> list[int]:
-        """Insert event rows (with their versions) in one statement that commits by itself,
-        holding the append lock as a transaction does; their positions, in that order."""
+    async def transaction(self, work: Callable[[Connection], T]) -> T:
+        """Run `work` in one write transaction and commit (the per-append fallback)."""
         raise NotImplementedError
 
-    # Whether `insert_events(..., side_by_side=True)` shares the append lock with other
-    # such transactions (PostgreSQL from migration 0010); elsewhere it is a plain INSERT.
+    # Whether `Recorder.insert_events(..., side_by_side=True)` shares the append lock with
+    # other such transactions on this database now (PostgreSQL from migration 0010).
     side_by_side_appends: bool = False
-
-    def insert_now(self, rows: list[dict[str, Any]]) -> tuple[bool, list[int] | None]:
-        """`insert_and_commit` here and now, if the database can do that without waiting:
-        (True, the positions) once committed, (False, None) when it cannot. An error is
-        raised as it is."""
-        return False, None
-
-    # Whether `write_now` may commit a small transaction on the caller's thread (SQLite).
-    writes_now = False
-
-    def write_now(self, work: Callable[[Connection], T], *, events: int) -> tuple[bool, T | None]:
-        """Run `work` in one write transaction here and now, if the database can do that
-        without waiting: (True, its result) once committed, (False, None) when it cannot
-        (the lock is held elsewhere, too many events). An error is raised as it is."""
-        return False, None
 
     async def refresh_statistics(self) -> None:
         """Help the query planner after many appends (where the database needs it)."""
@@ -118,7 +131,14 @@ class Writer:
 class Database:
     """The engines of one store, and what differs between the databases it runs on."""
 
-    dialect: ClassVar[str]
+    dialect: ClassVar[str]  # SQLAlchemy's name for it, for people and messages
+    recorder: ClassVar[Recorder]  # its SQL (artstore.eventstore.recorder)
+    # Whether processes on many hosts may share it: rollout workers coordinate through its
+    # row locks and notifications (`listen`).
+    many_machines: ClassVar[bool] = False
+    # How its SQL reads: sqlglot's name for its dialect, and what it skips before a
+    # statement's first word (artstore.analysis.bounded.first_word).
+    sql_syntax: ClassVar[SQLSyntax]
 
     def __init__(
         self,
@@ -142,6 +162,10 @@ class Database:
         one that another process writes, can be read without waiting.
         """
         raise NotImplementedError
+
+    @classmethod
+    def check_exists(cls, url: URL) -> None:
+        """Refuse a URL that names no database yet, where connecting would create one."""
 
     def refuse_writes(self) -> None:
         if self.read_only:
@@ -244,23 +268,6 @@ class Database:
         """The event store's writer (one per store)."""
         raise NotImplementedError
 
-    def insert_events(
-        self, connection: Connection, rows: list[dict[str, Any]], *, side_by_side: bool = False
-    ) -> list[int]:
-        """Insert event rows in the order given; their global positions, in that order.
-
-        `side_by_side`: what the transaction projects needs no order across appends
-        (`artstore.projections.side_by_side`), so it may share the append lock with other
-        such transactions where the writer offers that (`Writer.side_by_side_appends`).
-        """
-        raise NotImplementedError
-
-    def insert_missing(
-        self, connection: Connection, table: Table, key: str, rows: list[dict[str, Any]]
-    ) -> None:
-        """Insert the rows whose `key` is not stored yet (content-addressed blobs)."""
-        raise NotImplementedError
-
     async def safe_position(self, connection: AsyncConnection) -> int | None:
         """The highest position a reader may read up to now: every committed event at or
         below it is visible, and no event at or below it commits later (None: any, where
@@ -271,7 +278,7 @@ class Database:
 
     def lock_appends(self, connection: Connection) -> None:
         """Hold appenders off until this transaction ends (a rebuild of the projections)."""
-        raise NotImplementedError
+        self.recorder.lock_appends(connection)
 
     async def lock_migrations(self, connection: AsyncConnection) -> None:
         """One migrator at a time, when several processes open a fresh database together."""
@@ -304,47 +311,66 @@ class Database:
         it refuses, and QueryRefusedError for one it takes, but not as a query."""
         raise NotImplementedError
 
+    async def listen(
+        self, channel: str, on_notification: Callable[..., None], on_lost: Callable[..., None]
+    ) -> Any:
+        """A connection of its own that calls `on_notification(connection, pid, channel,
+        payload)` for each notification on `channel`, and `on_lost(connection)` when it is
+        lost; close it with `await connection.close()` (where `many_machines`)."""
+        raise NotImplementedError
+
     async def confine_reader(self) -> list[str]:
         """Confine the role user queries run as, where the database has one; returns what
         this user could not confine (empty: confined)."""
         return []
 
 
-def connect(url: URL, *, read_only: bool = False) -> Database:
-    """The `Database` for `url` (an async URL from `artstore.urls.resolve_url`)."""
-    backend = url.get_backend_name()
+def database_class(url: URL) -> type[Database]:
+    """The `Database` class for `url` (an async URL from `artstore.urls.resolve_url`)."""
+    return database_class_named(url.get_backend_name())
+
+
+def database_class_named(backend: str) -> type[Database]:
+    """The `Database` class for SQLAlchemy's backend name `backend`."""
     where = DATABASES.get(backend)
     if where is None:
         raise ConfigurationError(f"artstore does not run on {backend!r}")
     module, _, name = where.partition(":")
-    database_class: type[Database] = getattr(importlib.import_module(module), name)
-    return database_class.connect(url, read_only=read_only)
+    return getattr(importlib.import_module(module), name)
+
+
+def connect(url: URL, *, read_only: bool = False) -> Database:
+    """The `Database` for `url` (an async URL from `artstore.urls.resolve_url`)."""
+    return database_class(url).connect(url, read_only=read_only)
 
 
 def translate_error(exc: BaseException, database: Database | None = None) -> Exception:
     """The artstore error for a driver error (callers never see the driver's).
 
-    An artstore error comes back as it is: it was translated where it was raised (the
-    writer's thread, a retry), and saying it again would say its prefix twice."""
+    What the error means is told by SQLSTATE, SQLite's error code or the constraint's
+    name (`Recorder.error_kind`). An artstore error comes back as it is: it was translated
+    where it was raised (the writer's thread, a retry), and saying it again would say its
+    prefix twice."""
     if isinstance(exc, ArtstoreError):
         return exc  # type: ignore[return-value]
     where = f" at {database.display_url}" if database else ""
     message = (str(getattr(exc, "orig", None) or exc).strip().splitlines() or [""])[0]
-    if "immutable" in message:
+    kind = database.recorder.error_kind(exc) if database else error_kind(exc)
+    if kind is ErrorKind.IMMUTABLE:
         return ImmutableEventError(message.removeprefix("artstore: "))
-    if isinstance(exc, IntegrityError) and "group_consumptions" in message:
+    if kind is ErrorKind.GROUP_CONSUMED:
         return GroupAlreadyConsumedError(
             "a group in this train step was already trained into this model; "
             f"nothing was written ({message})"
         )
     if isinstance(exc, IntegrityError):
         return exc  # callers decide what other constraint violations mean
-    if _sqlstate(exc) == "55P03" or "lock timeout" in message:
+    if kind is ErrorKind.LOCK_TIMEOUT:
         return LockTimeoutError(
             f"gave up waiting for a lock that another session holds{where} ({message}); "
             "the URL's options=-c lock_timeout=... sets how long to wait"
         )
-    if _is_disk_full(exc, message):
+    if kind is ErrorKind.DISK_FULL or _no_space_left(exc):
         return StorageFullError(f"the database{where} has no space left: {message}")
     if isinstance(exc, (OperationalError, InterfaceError, OSError, ConnectionError)) or (
         isinstance(exc, DBAPIError) and exc.connection_invalidated
@@ -353,16 +379,6 @@ def translate_error(exc: BaseException, database: Database | None = None) -> Exc
     return exc
 
 
-def _sqlstate(exc: BaseException) -> str | None:
-    return getattr(getattr(exc, "orig", None), "sqlstate", None)
-
-
-def _is_disk_full(exc: BaseException, message: str) -> bool:
-    # SQLite: SQLITE_FULL; PostgreSQL: SQLSTATE 53100 (disk_full), "could not extend file".
-    lowered = message.lower()
-    return (
-        _sqlstate(exc) == "53100"
-        or "database or disk is full" in lowered
-        or "no space left on device" in lowered
-        or "could not extend file" in lowered
-    )
+def _no_space_left(exc: BaseException) -> bool:
+    """The system's ENOSPC under a driver's error (a file the database could not write)."""
+    return any(getattr(cause, "errno", None) == errno.ENOSPC for cause in causes(exc))

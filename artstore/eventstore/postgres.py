@@ -28,12 +28,14 @@ import contextlib
 import hashlib
 import shlex
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
+    String,
     Table,
     Text,
     bindparam,
@@ -44,18 +46,28 @@ from sqlalchemy import (
     select,
     table,
     text,
+    true,
 )
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
+from sqlalchemy.sql import Insert, Select
 
 from artstore.errors import ConfigurationError, QueryError
 from artstore.eventstore import reader_role
 from artstore.eventstore.blobs import serialize
-from artstore.eventstore.database import Database, ResultColumn, Writer, translate_error
+from artstore.eventstore.database import (
+    Database,
+    ResultColumn,
+    SQLSyntax,
+    WriteBatch,
+    Writer,
+    translate_error,
+)
 from artstore.eventstore.reader_role import READER_ROLE
+from artstore.eventstore.recorder import ErrorKind, causes
 from artstore.schema.tables import events
 
 # Key of the advisory lock that makes migrations wait for each other ("artstore" + 1).
@@ -103,8 +115,128 @@ LIBPQ_PARAMETERS = (
 )
 
 
+class PostgresRecorder:
+    """The recorder (artstore.eventstore.recorder) of PostgreSQL: appends take the append
+    lock at their INSERT (or share it, side by side, through `artstore_insert_events`),
+    keys are transaction-level advisory locks, stream ids are looked up one by one."""
+
+    def insert_events(
+        self, connection: Connection, rows: list[dict[str, Any]], *, side_by_side: bool = False
+    ) -> list[int]:
+        if side_by_side:
+            # Through the function of migration 0010, inside this transaction: the INSERT
+            # shares the append lock and holds its advisory key until the commit.
+            result = connection.execute(_INSERT_SIDE_BY_SIDE, _insert_parameters(rows))
+            found = {row.inserted_event_id: row.inserted_position for row in result}
+            return [found[row["event_id"]] for row in rows]
+        return [row.position for row in connection.execute(_INSERT_EVENTS, rows)]
+
+    def insert_missing(
+        self, connection: Connection, table: Table, key: str, rows: list[dict[str, Any]]
+    ) -> None:
+        statement = postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
+        connection.execute(statement, rows)
+
+    def select_heads(self, stream_ids: Sequence[str]) -> Select:
+        # max() of one stream is the last entry of the index: a backward index scan.
+        wanted = _wanted(stream_ids)
+        head = (
+            select(func.max(events.c.version))
+            .where(events.c.stream_id == wanted.c.stream_id)
+            .scalar_subquery()
+        )
+        return select(wanted.c.stream_id, head).select_from(wanted)
+
+    def select_streams(
+        self, stream_ids: Sequence[str], columns: Sequence[Any], event_type: str | None = None
+    ) -> Select:
+        wanted = _wanted(stream_ids)
+        # LATERAL with OFFSET 0: the planner may not flatten it into a join (which it could
+        # hash over all of `events`); it runs once per id, through the index.
+        inner = select(events).where(events.c.stream_id == wanted.c.stream_id)
+        if event_type is not None:
+            inner = inner.where(events.c.type == event_type)
+        found = inner.offset(0).lateral("found")
+        picked = [found.c[column.name] for column in columns]
+        return (
+            select(*picked)
+            .select_from(wanted)
+            .join(found, true())
+            .order_by(found.c.stream_id, found.c.version)
+        )
+
+    def insert(self, table: Table) -> Insert:
+        return postgresql.insert(table)
+
+    def lock_keys(self, connection: Connection, namespace: int, keys: Sequence[int]) -> None:
+        if keys:
+            connection.execute(_LOCK_KEYS, {"namespace": namespace, "keys": list(keys)})
+
+    def lock_appends(self, connection: Connection) -> None:
+        connection.exec_driver_sql("LOCK TABLE append_lock IN EXCLUSIVE MODE")
+
+    def error_kind(self, exc: BaseException) -> ErrorKind | None:
+        for cause in causes(exc):
+            state = getattr(cause, "sqlstate", None)
+            if state == _UNIQUE_VIOLATION:
+                return _CONSTRAINT_KINDS.get(_constraint_name(cause))
+            if state in _SQLSTATE_KINDS:
+                return _SQLSTATE_KINDS[state]
+        return None
+
+
+def _constraint_name(error: BaseException) -> str | None:
+    """The constraint asyncpg names for a violation (on the driver's own exception, which
+    SQLAlchemy's adapter keeps as the cause)."""
+    for cause in causes(error):
+        name = getattr(cause, "constraint_name", None)
+        if name:
+            return name
+    return None
+
+
+def _wanted(stream_ids: Sequence[str]) -> Any:
+    """The ids as rows of one column `stream_id`: an array, unnested. An IN list of
+    hundreds of ids is planned from the statistics of `stream_id`, and before ANALYZE has
+    run each id is taken to match 0.5% of the rows, the list the whole table: a scan of
+    all of `events` per batch (tools/bench_queries.py). Unnested, each id is looked up on
+    its own through the (stream, version) index, whatever the statistics say."""
+    ids = bindparam("wanted_stream_ids", list(stream_ids), type_=ARRAY(String))
+    return func.unnest(ids).table_valued("stream_id").render_derived(name="wanted")
+
+
+# Taken in the keys' order (the caller sorts them), so two transactions never wait in a circle.
+_LOCK_KEYS = text(
+    "SELECT pg_advisory_xact_lock(CAST(:namespace AS bigint) + key) "
+    "FROM unnest(CAST(:keys AS bigint[])) AS key"
+)
+_UNIQUE_VIOLATION = "23505"
+# Unique keys by their names (the schema's naming convention, artstore.schema.tables).
+_CONSTRAINT_KINDS = {
+    "uq_events_stream_id_version": ErrorKind.VERSION_TAKEN,
+    "uq_events_event_id": ErrorKind.EVENT_ID_TAKEN,
+    "pk_group_consumptions": ErrorKind.GROUP_CONSUMED,
+}
+_SQLSTATE_KINDS = {
+    # integrity_constraint_violation itself: raised by the schema's triggers alone, which
+    # refuse to change stored rows (the database's own constraints raise its subclasses:
+    # 23502 not null, 23503 foreign key, 23505 unique, 23514 check).
+    "23000": ErrorKind.IMMUTABLE,
+    "55P03": ErrorKind.LOCK_TIMEOUT,  # lock_not_available
+    "53100": ErrorKind.DISK_FULL,  # disk_full, "could not extend file" included
+    "42883": ErrorKind.UNDEFINED_FUNCTION,  # undefined_function
+    "42501": ErrorKind.UNDEFINED_FUNCTION,  # insufficient_privilege (set_config revoked)
+}
+
+RECORDER = PostgresRecorder()
+
+
 class PostgresDatabase(Database):
     dialect = "postgresql"
+    recorder = RECORDER
+    many_machines = True
+    # A `--` comment ends at a line feed or a carriage return; /* */ comments nest.
+    sql_syntax = SQLSyntax("postgres", " \t\n\r\f\v", "\n\r", nested_comments=True)
 
     def __init__(
         self,
@@ -178,23 +310,6 @@ class PostgresDatabase(Database):
         self.refuse_writes()
         return PostgresWriter(self)
 
-    def insert_events(
-        self, connection: Connection, rows: list[dict[str, Any]], *, side_by_side: bool = False
-    ) -> list[int]:
-        if side_by_side:
-            # Through the function of migration 0010, inside this transaction: the INSERT
-            # shares the append lock and holds its advisory key until the commit.
-            result = connection.execute(_INSERT_SIDE_BY_SIDE, _insert_parameters(rows))
-            found = {row.inserted_event_id: row.inserted_position for row in result}
-            return [found[row["event_id"]] for row in rows]
-        return [row.position for row in connection.execute(_INSERT_EVENTS, rows)]
-
-    def insert_missing(
-        self, connection: Connection, table: Table, key: str, rows: list[dict[str, Any]]
-    ) -> None:
-        statement = postgresql.insert(table).on_conflict_do_nothing(index_elements=[key])
-        connection.execute(statement, rows)
-
     async def safe_position(self, connection: AsyncConnection) -> int | None:
         if not self._has_watermark:
             # A store not upgraded to 0010 (read-only) has no concurrent appends yet;
@@ -206,9 +321,6 @@ class PostgresDatabase(Database):
             if not self._has_watermark:
                 return None
         return (await connection.execute(select(func.artstore_safe_position()))).scalar()
-
-    def lock_appends(self, connection: Connection) -> None:
-        connection.exec_driver_sql("LOCK TABLE append_lock IN EXCLUSIVE MODE")
 
     async def lock_migrations(self, connection: AsyncConnection) -> None:
         await connection.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
@@ -341,6 +453,22 @@ class PostgresDatabase(Database):
             for attribute in prepared.get_attributes()
         ]
         return columns or None
+
+    async def listen(
+        self, channel: str, on_notification: Callable[..., None], on_lost: Callable[..., None]
+    ) -> Any:
+        # asyncpg's own connection, outside the pools: it listens for the store's life.
+        import asyncpg
+
+        dsn = self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        connection = await asyncpg.connect(dsn, timeout=10)
+        try:
+            await connection.add_listener(channel, on_notification)
+        except BaseException:
+            await connection.close()
+            raise
+        connection.add_termination_listener(on_lost)
+        return connection
 
     async def confine_reader(self) -> list[str]:
         async def confine(connection: AsyncConnection) -> list[str]:
@@ -515,36 +643,39 @@ def _insert_parameters(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 def _function_not_offered(exc: BaseException | None) -> bool:
     """Whether `exc` (a driver error, also wrapped in artstore's) says that the function of
-    migration 0010 is missing or may not be run, rather than anything else going wrong."""
-    while exc is not None:
-        original = getattr(exc, "orig", None)
-        if getattr(original, "sqlstate", None) in _NOT_OFFERED:
-            said = str(original)
-            return "artstore_insert_events" in said or "set_config" in said
-        exc = exc.__cause__
-    return False
-
-
-# The function is missing (a schema before 0010) or may not be run (set_config revoked).
-_NOT_OFFERED = ("42883", "42501")
+    migration 0010 is missing (a schema before 0010) or may not be run (set_config
+    revoked), rather than anything else going wrong: the SQLSTATE says which error, and
+    the function's name in the message which function (PostgreSQL has no field for it)."""
+    if exc is None or RECORDER.error_kind(exc) is not ErrorKind.UNDEFINED_FUNCTION:
+        return False
+    said = " ".join(str(cause) for cause in causes(exc))
+    return "artstore_insert_events" in said or "set_config" in said
 
 
 class PostgresWriter(Writer):
     """Write transactions on a connection of the writer's own, kept for the store's life,
     each holding the append lock from its INSERT into `events` until it commits."""
 
-    single_statement_appends = True
-
     def __init__(self, database: PostgresDatabase) -> None:
         self.database = database
         self._connection: AsyncConnection | None = None
+        # Whether `artstore_insert_events` (migration 0010) may be run: appends with
+        # nothing to project then commit in one statement, and transactions whose
+        # projections need no order share the append lock.
+        self.side_by_side_appends = True
 
     async def _writer_connection(self) -> AsyncConnection:
         if self._connection is None:
             self._connection = await self.database.open_connection(self.database.writer_engine)
         return self._connection
 
-    async def transaction(self, work: Callable[[Connection], T], *, events: int = 0) -> T:
+    async def commit(self, batch: WriteBatch) -> None:
+        if batch.rows is not None and batch.inserted is not None and self.side_by_side_appends:
+            batch.inserted(await self._insert_and_commit(batch.rows))
+        else:
+            await self.transaction(batch.write)
+
+    async def transaction(self, work: Callable[[Connection], T]) -> T:
         # No LOCK here: the statement trigger on `events` takes the append lock at the
         # INSERT, so that the round trips before it (stream heads, blobs, a condition)
         # run without it and appenders of other processes overlap there.
@@ -555,14 +686,12 @@ class PostgresWriter(Writer):
             )
         except Exception as exc:
             if _function_not_offered(exc):
-                self.single_statement_appends = False  # the lock alone, from now on
+                self.side_by_side_appends = False  # the lock alone, from now on
             raise
 
-    @property
-    def side_by_side_appends(self) -> bool:  # type: ignore[override]
-        return self.single_statement_appends  # the same function of migration 0010
-
-    async def insert_and_commit(self, rows: list[dict[str, Any]]) -> list[int]:
+    async def _insert_and_commit(self, rows: list[dict[str, Any]]) -> list[int]:
+        """The rows in one statement that commits by itself, through the function of
+        migration 0010 (it shares the append lock); their positions, in the rows' order."""
         connection = await self._writer_connection()
         parameters = _insert_parameters(rows)
         # Autocommit for this statement alone (no BEGIN, no COMMIT of the client's):
@@ -577,7 +706,7 @@ class PostgresWriter(Writer):
             with contextlib.suppress(Exception):
                 await connection.rollback()
             if _function_not_offered(exc):
-                self.single_statement_appends = False  # transactions from now on
+                self.side_by_side_appends = False  # transactions from now on
             translated = translate_error(exc, self.database)
             if translated is exc:
                 raise

@@ -18,20 +18,23 @@ import math
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from sqlalchemy import Table, TextClause, event, select, text
+from sqlalchemy import Table, TextClause, event, func, select, text
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL, Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql import Insert, Select
 
 from artstore.errors import DatabaseUnavailableError, NotFoundError, QueryRefusedError
 from artstore.eventstore.blobs import serialize
@@ -39,9 +42,13 @@ from artstore.eventstore.database import (
     USER_QUERY_ROW_BYTES,
     Database,
     ResultColumn,
+    SQLSyntax,
+    WriteBatch,
     Writer,
     translate_error,
 )
+from artstore.eventstore.recorder import ErrorKind, causes
+from artstore.schema.tables import events
 
 # How long SQLite itself waits for another process's write lock before it says "busy";
 # a write then tries again, for as long as it takes: the lock's holder is a live process
@@ -55,105 +62,10 @@ INLINE_MAX_EVENTS = 500
 T = TypeVar("T")
 
 
-class SQLiteDatabase(Database):
-    dialect = "sqlite"
-
-    def __init__(
-        self,
-        url: URL,
-        write_engine: AsyncEngine,
-        read_engine: AsyncEngine,
-        writer_engine: Engine | None,
-        *,
-        read_only: bool = False,
-    ) -> None:
-        super().__init__(url, write_engine, read_engine, read_only=read_only)
-        # A synchronous engine for the store's writer thread, which runs each write
-        # transaction in one call instead of a thread hop per statement (aiosqlite).
-        self.writer_engine = writer_engine
-        # Connections for user queries (analysis.sql), opened read-only on first use.
-        self._query_engine: AsyncEngine | None = None
-
-    @classmethod
-    def connect(cls, url: URL, *, read_only: bool = False) -> SQLiteDatabase:
-        if read_only:
-            path = Path(url.database or "")
-            if not path.is_file():
-                folder = " (it is a folder)" if path.is_dir() else ""
-                raise NotFoundError(f"no artstore database at {path}{folder}")
-            engine = _read_only_engine(url)
-            return cls(url, engine, engine, None, read_only=True)
-        write_engine = _pooled_engine(url, pool_size=2, begin="BEGIN IMMEDIATE")
-        read_engine = _pooled_engine(url, pool_size=4, begin="BEGIN")
-        writer_engine = create_engine(
-            url.set(drivername="sqlite+pysqlite"),
-            poolclass=StaticPool,  # one connection, used by the writer thread alone
-            json_serializer=serialize,
-            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
-        )
-        _configure(writer_engine, begin="BEGIN IMMEDIATE", on_driver=True)
-        return cls(url, write_engine, read_engine, writer_engine)
-
-    @property
-    def path(self) -> Path:
-        return Path(self.url.database or "")
-
-    async def check_reachable(self) -> None:
-        # The file is opened here first, as SQLite will open it: what the system refuses
-        # (a read-only file system, a folder under /proc, permissions) is said in its
-        # words, instead of SQLite's "unable to open database file", and no aiosqlite
-        # connection fails (its thread then outlives the command and prints a traceback).
-        problem = _cannot_open(self.path, write=not self.read_only)
-        if problem is not None:
-            raise DatabaseUnavailableError(f"cannot {problem}")
-        await super().check_reachable()
-
-    @property
-    def location(self) -> str:
-        return str(self.path)
-
-    async def run_write(
-        self,
-        work: Callable[[AsyncConnection], Awaitable[T]],
-        connection: AsyncConnection | None = None,
-    ) -> T:
-        """Run `work` in one write transaction, retrying while another process holds the file."""
-        delay = 0.005
-        while True:
-            try:
-                async with self.write(connection) as active:
-                    return await work(active)
-            except PoolTimeout as exc:
-                raise self.connection_error(exc, self.write_engine) from exc
-            except OperationalError as exc:
-                if not is_busy(exc):
-                    raise translate_error(exc, self) from exc
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.25)
-
-    def run_write_sync(self, connection: Connection, work: Callable[[Connection], T]) -> T:
-        """`run_write` for the writer thread: one transaction, retried while busy."""
-        delay = 0.005
-        while True:
-            try:
-                with connection.begin():
-                    return work(connection)
-            except OperationalError as exc:
-                if not is_busy(exc):
-                    raise translate_error(exc, self) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.25)
-
-    async def dispose(self) -> None:
-        if self.writer_engine is not None:
-            self.writer_engine.dispose()
-        if self._query_engine is not None:
-            await self._query_engine.dispose()
-        await super().dispose()
-
-    def writer(self) -> SQLiteWriter:
-        self.refuse_writes()
-        return SQLiteWriter(self)
+class SQLiteRecorder:
+    """The recorder (artstore.eventstore.recorder) of SQLite: one writer at a time holds
+    the file's write lock (`BEGIN IMMEDIATE`), so positions are commit-ordered, keys need
+    no lock of their own, and an IN list of stream ids is always read through the index."""
 
     def insert_events(
         self, connection: Connection, rows: list[dict[str, Any]], *, side_by_side: bool = False
@@ -200,11 +112,165 @@ class SQLiteDatabase(Database):
         if missing:
             connection.execute(table.insert(), missing)
 
-    def lock_appends(self, connection: Connection) -> None:
+    def select_heads(self, stream_ids: Sequence[str]) -> Select:
+        return (
+            select(events.c.stream_id, func.max(events.c.version))
+            .where(events.c.stream_id.in_(stream_ids))
+            .group_by(events.c.stream_id)
+        )
+
+    def select_streams(
+        self, stream_ids: Sequence[str], columns: Sequence[Any], event_type: str | None = None
+    ) -> Select:
+        query = select(*columns).where(events.c.stream_id.in_(stream_ids))
+        if event_type is not None:
+            query = query.where(events.c.type == event_type)
+        return query.order_by(events.c.stream_id, events.c.version)
+
+    def insert(self, table: Table) -> Insert:
+        return sqlite.insert(table)
+
+    def lock_keys(self, connection: Connection, namespace: int, keys: Sequence[int]) -> None:
         pass  # a write transaction (BEGIN IMMEDIATE) already excludes every other writer
 
+    def lock_appends(self, connection: Connection) -> None:
+        pass  # likewise
+
+    def error_kind(self, exc: BaseException) -> ErrorKind | None:
+        for cause in causes(exc):
+            code = getattr(cause, "sqlite_errorcode", None)
+            if code is not None:
+                return (
+                    _ERROR_KINDS.get(code)
+                    or _ERROR_KINDS.get(code & 0xFF)
+                    or (_unique_key_kind(str(cause)) if code in _UNIQUE_CODES else None)
+                )
+        return None
+
+
+# SQLite's result codes (sqlite3 has their names from Python 3.11 on): an extended code
+# first, then its primary code (the low byte).
+_ERROR_KINDS = {
+    sqlite3.SQLITE_BUSY: ErrorKind.BUSY,  # and BUSY_RECOVERY, BUSY_SNAPSHOT, BUSY_TIMEOUT
+    sqlite3.SQLITE_LOCKED: ErrorKind.BUSY,
+    sqlite3.SQLITE_FULL: ErrorKind.DISK_FULL,
+    # Only the schema's triggers raise (RAISE(ABORT)): they refuse changing stored rows.
+    sqlite3.SQLITE_CONSTRAINT_TRIGGER: ErrorKind.IMMUTABLE,
+}
+_UNIQUE_CODES = (sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY)
+# SQLite names a unique key by its columns ("UNIQUE constraint failed: events.stream_id,
+# events.version"): the one way it says which key refused a row.
+_UNIQUE_KEYS = {
+    "events.stream_id, events.version": ErrorKind.VERSION_TAKEN,
+    "events.event_id": ErrorKind.EVENT_ID_TAKEN,
+    "group_consumptions.group_id, group_consumptions.model": ErrorKind.GROUP_CONSUMED,
+}
+
+
+def _unique_key_kind(message: str) -> ErrorKind | None:
+    _, _, columns = message.partition("constraint failed: ")
+    return _UNIQUE_KEYS.get(columns.strip())
+
+
+RECORDER = SQLiteRecorder()
+
+
+class SQLiteDatabase(Database):
+    dialect = "sqlite"
+    recorder = RECORDER
+    # A `--` comment ends at a line feed; /* */ comments do not nest.
+    sql_syntax = SQLSyntax("sqlite", " \t\n\f\r", "\n", nested_comments=False)
+
+    def __init__(
+        self,
+        url: URL,
+        write_engine: AsyncEngine,
+        read_engine: AsyncEngine,
+        writer_engine: Engine | None,
+        *,
+        read_only: bool = False,
+    ) -> None:
+        super().__init__(url, write_engine, read_engine, read_only=read_only)
+        # A synchronous engine for the store's writer thread, which runs each write
+        # transaction in one call instead of a thread hop per statement (aiosqlite).
+        self.writer_engine = writer_engine
+        # Connections for user queries (analysis.sql), opened read-only on first use.
+        self._query_engine: AsyncEngine | None = None
+
+    @classmethod
+    def connect(cls, url: URL, *, read_only: bool = False) -> SQLiteDatabase:
+        if read_only:
+            cls.check_exists(url)
+            engine = _read_only_engine(url)
+            return cls(url, engine, engine, None, read_only=True)
+        write_engine = _pooled_engine(url, pool_size=2, begin="BEGIN IMMEDIATE")
+        read_engine = _pooled_engine(url, pool_size=4, begin="BEGIN")
+        writer_engine = create_engine(
+            url.set(drivername="sqlite+pysqlite"),
+            poolclass=StaticPool,  # one connection, used by the writer thread alone
+            json_serializer=serialize,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+        )
+        _configure(writer_engine, begin="BEGIN IMMEDIATE", on_driver=True)
+        return cls(url, write_engine, read_engine, writer_engine)
+
+    @classmethod
+    def check_exists(cls, url: URL) -> None:
+        path = Path(url.database or "")
+        if not path.is_file():
+            folder = " (it is a folder)" if path.is_dir() else ""
+            raise NotFoundError(f"no artstore database at {path}{folder}")
+
+    @property
+    def path(self) -> Path:
+        return Path(self.url.database or "")
+
+    async def check_reachable(self) -> None:
+        # The file is opened here first, as SQLite will open it: what the system refuses
+        # (a read-only file system, a folder under /proc, permissions) is said in its
+        # words, instead of SQLite's "unable to open database file", and no aiosqlite
+        # connection fails (its thread then outlives the command and prints a traceback).
+        problem = _cannot_open(self.path, write=not self.read_only)
+        if problem is not None:
+            raise DatabaseUnavailableError(f"cannot {problem}")
+        await super().check_reachable()
+
+    @property
+    def location(self) -> str:
+        return str(self.path)
+
+    async def run_write(
+        self,
+        work: Callable[[AsyncConnection], Awaitable[T]],
+        connection: AsyncConnection | None = None,
+    ) -> T:
+        """Run `work` in one write transaction, retrying while another process holds the file."""
+        delay = 0.005
+        while True:
+            try:
+                async with self.write(connection) as active:
+                    return await work(active)
+            except PoolTimeout as exc:
+                raise self.connection_error(exc, self.write_engine) from exc
+            except OperationalError as exc:
+                if not is_busy(exc):
+                    raise translate_error(exc, self) from exc
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
+    async def dispose(self) -> None:
+        if self.writer_engine is not None:
+            self.writer_engine.dispose()
+        if self._query_engine is not None:
+            await self._query_engine.dispose()
+        await super().dispose()
+
+    def writer(self) -> SQLiteWriter:
+        self.refuse_writes()
+        return SQLiteWriter(self)
+
     async def lock_migrations(self, connection: AsyncConnection) -> None:
-        pass  # likewise: the migration runs in a write transaction
+        pass  # a write transaction (BEGIN IMMEDIATE) already excludes every other writer
 
     def _lock_path(self, name: str) -> Path:
         digest = hashlib.sha256(name.encode()).hexdigest()[:16]
@@ -319,43 +385,38 @@ class SQLiteWriter(Writer):
         self._thread: ThreadPoolExecutor | None = None
         self._busy_timeout_s = SQLITE_BUSY_TIMEOUT_S  # as the connection is opened
 
-    writes_now = True
-    # An append with nothing to project, no condition and no blob to store is BEGIN
-    # IMMEDIATE, the position query, one INSERT and COMMIT, sent to the driver as they
-    # are: SQLAlchemy's transaction bookkeeping (its begin and commit events) cost more
-    # than SQLite's work for a single event.
-    single_statement_appends = True
-
-    async def insert_and_commit(self, rows: list[dict[str, Any]]) -> list[int]:
-        done, positions = self.insert_now(rows)
-        if done:
-            return positions  # type: ignore[return-value]
-        return await self._in_thread(lambda: self._insert_waiting(rows))
-
-    def insert_now(self, rows: list[dict[str, Any]]) -> tuple[bool, list[int] | None]:
-        if not 0 < len(rows) <= INLINE_MAX_EVENTS:
-            return False, None
+    def commit_now(self, batch: WriteBatch) -> bool:
+        # A small transaction runs on the event loop's thread when the file's write lock
+        # is free at once: a hop to the writer thread and back costs more than writing a
+        # few events. Bigger ones, and any that would wait, run in the thread.
+        if not 0 < batch.events <= INLINE_MAX_EVENTS:
+            return False
         connection = self._connect()
         self._busy_timeout(connection, 0)  # never block the event loop on another process
         try:
-            return True, self._insert_committed(connection, rows)
+            self._committing(batch)(connection)
+            return True
         except OperationalError as exc:
             if is_busy(exc) and not _in_transaction(connection):
-                return False, None  # another process writes: wait for it in the thread
+                return False  # another process writes: wait for it in the thread
             raise translate_error(exc, self.database) from exc
 
-    def _insert_waiting(self, rows: list[dict[str, Any]]) -> list[int]:
-        connection = self._connect()
-        self._busy_timeout(connection, SQLITE_BUSY_TIMEOUT_S)
-        delay = 0.005
-        while True:
-            try:
-                return self._insert_committed(connection, rows)
-            except OperationalError as exc:
-                if not is_busy(exc):
-                    raise translate_error(exc, self.database) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, 0.25)
+    async def commit(self, batch: WriteBatch) -> None:
+        if not self.commit_now(batch):
+            await self._in_thread(lambda: self._waiting(self._committing(batch)))
+
+    async def transaction(self, work: Callable[[Connection], T]) -> T:
+        return await self._in_thread(lambda: self._waiting(partial(_one_transaction, work=work)))
+
+    def _committing(self, batch: WriteBatch) -> Callable[[Connection], None]:
+        """What commits `batch`. A batch of nothing but event rows is BEGIN IMMEDIATE, the
+        position query, one INSERT and COMMIT, sent to the driver as they are:
+        SQLAlchemy's transaction bookkeeping (its begin and commit events) cost more than
+        SQLite's work for a single event. Any other batch is its transaction."""
+        rows, inserted = batch.rows, batch.inserted
+        if rows is None or inserted is None:
+            return partial(_one_transaction, work=batch.write)
+        return lambda connection: inserted(self._insert_committed(connection, rows))
 
     def _insert_committed(self, connection: Connection, rows: list[dict[str, Any]]) -> list[int]:
         """One write transaction on the driver's connection: the rows, numbered, committed.
@@ -367,10 +428,10 @@ class SQLiteWriter(Writer):
             # in autocommit): SQLite takes the write lock when the statement starts,
             # before it reads the highest position. BEGIN and COMMIT of their own cost
             # ~10 us of CPU per event.
-            return self.database.insert_events(connection, rows)
+            return RECORDER.insert_events(connection, rows)
         _on_driver(connection, "BEGIN IMMEDIATE")
         try:
-            positions = self.database.insert_events(connection, rows)
+            positions = RECORDER.insert_events(connection, rows)
             _on_driver(connection, "COMMIT")
         except BaseException:
             if _in_transaction(connection):
@@ -379,34 +440,20 @@ class SQLiteWriter(Writer):
             raise
         return positions
 
-    async def transaction(self, work: Callable[[Connection], T], *, events: int = 0) -> T:
-        if 0 < events <= INLINE_MAX_EVENTS:
-            done, result = self._try_inline(work)
-            if done:
-                return result  # type: ignore[return-value]
-        return await self._in_thread(lambda: self._waiting(work))
-
-    def write_now(self, work: Callable[[Connection], T], *, events: int) -> tuple[bool, T | None]:
-        if not 0 < events <= INLINE_MAX_EVENTS:
-            return False, None
-        return self._try_inline(work)
-
-    def _try_inline(self, work: Callable[[Connection], T]) -> tuple[bool, T | None]:
-        """Run `work` here when the write lock is free now; (False, None) when it is not."""
-        connection = self._connect()
-        self._busy_timeout(connection, 0)  # never block the event loop on another process
-        try:
-            with connection.begin():
-                return True, work(connection)
-        except OperationalError as exc:
-            if is_busy(exc) and not connection.in_transaction():
-                return False, None  # another process writes: wait for it in the thread
-            raise translate_error(exc, self.database) from exc
-
-    def _waiting(self, work: Callable[[Connection], T]) -> T:
+    def _waiting(self, step: Callable[[Connection], T]) -> T:
+        """Run `step` (a whole transaction) in the writer thread, again and again while
+        another process holds the file's write lock."""
         connection = self._connect()
         self._busy_timeout(connection, SQLITE_BUSY_TIMEOUT_S)
-        return self.database.run_write_sync(connection, work)
+        delay = 0.005
+        while True:
+            try:
+                return step(connection)
+            except OperationalError as exc:
+                if not is_busy(exc):
+                    raise translate_error(exc, self.database) from exc
+                time.sleep(delay)
+                delay = min(delay * 2, 0.25)
 
     def _busy_timeout(self, connection: Connection, seconds: float) -> None:
         if self._busy_timeout_s != seconds:
@@ -485,6 +532,11 @@ _INSERT_NEXT_EVENT = (
 )
 
 
+def _one_transaction(connection: Connection, work: Callable[[Connection], T]) -> T:
+    with connection.begin():
+        return work(connection)
+
+
 def _in_transaction(connection: Connection) -> bool:
     """Whether the driver's connection is inside a transaction (SQLite may have ended it)."""
     return bool(connection.connection.dbapi_connection.in_transaction)  # type: ignore[union-attr]
@@ -535,8 +587,8 @@ def sqlite_timestamp(value: datetime) -> str:
 
 
 def is_busy(exc: BaseException) -> bool:
-    message = str(exc).lower()
-    return "database is locked" in message or "database is busy" in message
+    """Whether another process holds the file's write lock (SQLITE_BUSY, SQLITE_LOCKED)."""
+    return RECORDER.error_kind(exc) is ErrorKind.BUSY
 
 
 def _read_only_engine(url: URL, *, for_user_queries: bool = False) -> AsyncEngine:

@@ -28,6 +28,7 @@ import json
 from collections import OrderedDict
 from collections.abc import (
     AsyncIterator,
+    Awaitable,
     Callable,
     Collection,
     Iterable,
@@ -37,6 +38,7 @@ from collections.abc import (
 )
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, TypeVar
 
 from sqlalchemy import func, select
@@ -63,7 +65,8 @@ from artstore.eventstore.blobs import (
     payload_json,
     read_blob_texts,
 )
-from artstore.eventstore.database import Database, Writer, translate_error
+from artstore.eventstore.database import Database, WriteBatch, Writer, translate_error
+from artstore.eventstore.recorder import ErrorKind
 from artstore.eventstore.streams import events_of_streams, stream_heads
 from artstore.redaction import Redactor
 from artstore.schema.tables import blobs, events
@@ -135,6 +138,8 @@ Condition = Callable[[Connection], None]
 
 @dataclass
 class _Append:
+    """An append waiting for its transaction, and what that transaction made of it."""
+
     stream_id: str
     rows: list[dict[str, Any]]  # event rows without version and position
     expected_version: int | None
@@ -148,9 +153,52 @@ class _Append:
     # end a transaction between the two.
     with_next: bool = False
 
+    def forget_attempt(self) -> None:
+        """Before a transaction (again): nothing of an earlier attempt holds."""
+        self.result, self.error, self.recorded = None, None, []
+
+
+class _Recent(OrderedDict[str, Any]):
+    """What this process wrote (stream heads, stored blobs), the newest `size` of it."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def remember(self, key: str, value: Any = None) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        if len(self) > self.size:
+            self.popitem(last=False)
+
+
+@dataclass
+class _BatchWrite(WriteBatch):
+    """A batch of appends as its writer commits it, and how that went."""
+
+    single_statement: bool = False  # written by one INSERT that commits by itself
+    side_by_side: bool = False  # its transaction shared the append lock
+
+
+@dataclass
+class CommitCounts:
+    """Write transactions committed: group commit at work, and how they were written."""
+
+    transactions: int = 0
+    single_statement: int = 0  # of them, those written by one INSERT that commits itself
+    side_by_side: int = 0  # of them, those that shared the append lock (PostgreSQL)
+
 
 class EventStore:
-    """Streams of immutable events in one database."""
+    """Streams of immutable events in one database, appended with group commit.
+
+    Every append takes one route: queued for the writer task, which commits what is queued
+    in one transaction (`_commit`), over the database's `Writer` and `Recorder`; an append
+    alone, with the writer idle, is committed at once on the caller's turn where the
+    database can do it without waiting (`Writer.commit_now`). Should the transaction fail,
+    each append is written on its own (`_commit_each_alone`), so that a refused append
+    fails alone.
+    """
 
     def __init__(
         self,
@@ -161,39 +209,48 @@ class EventStore:
         side_by_side: SideBySide | None = None,
     ) -> None:
         self.database = database
+        self.recorder = database.recorder
         self._projector = projector
         # Without it, a batch with anything to project takes the append lock alone.
         self._side_by_side = side_by_side
         # The event types the projector writes anything for (None: every type). A batch
         # of other types needs no projection and may be written in one statement.
         self._projected_types = None if projected_types is None else frozenset(projected_types)
+        # The last guard of invariant 7: every payload is checked for the credentials the
+        # process knows (artstore.redaction) and rewritten before it is queued, whatever
+        # layer made the event.
+        self.redact = Redactor()
+        self._writer: Writer | None = None if database.read_only else database.writer()
         self._queue: asyncio.Queue[_Append] | None = None
-        self._writer: asyncio.Task[None] | None = None
+        self._writer_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         # Heads of streams this process wrote, to skip a query per append. A stale head
         # (another process appended) fails on the unique (stream, version) key and the
         # append is then checked against the database.
-        self._heads: OrderedDict[str, int] = OrderedDict()
-        self._stored_blobs: OrderedDict[str, None] = OrderedDict()
-        self.transactions = 0  # write transactions committed: group commit at work
-        self.single_statement_transactions = 0  # of them, those written by one INSERT
-        self.side_by_side_transactions = 0  # of them, those that shared the append lock
-        self._went_side_by_side = False  # the last transaction's way
+        self._heads = _Recent(100_000)
+        self._stored_blobs = _Recent(1_000_000)
+        self.commits = CommitCounts()
         self._appending = 0  # `append` calls not answered yet
         self._writing = False  # the writer task holds a batch
-        self._commit_now = False  # set by `append` around its call of `append_nowait`
         self._last_turn = 0.0  # when `append` last let the event loop take a turn
         self._events_since_statistics = 0
-        # The last guard of invariant 7: every payload is checked for the credentials the
-        # process knows (artstore.redaction) and rewritten before it is queued, whatever
-        # layer made the event.
-        self.redact = Redactor()
-        self._write: Writer | None = None if database.read_only else database.writer()
 
     @property
     def dialect(self) -> str:
         return self.database.dialect
+
+    @property
+    def transactions(self) -> int:
+        return self.commits.transactions
+
+    @property
+    def single_statement_transactions(self) -> int:
+        return self.commits.single_statement
+
+    @property
+    def side_by_side_transactions(self) -> int:
+        return self.commits.side_by_side
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -202,7 +259,7 @@ class EventStore:
             raise StoreClosedError("the store has not written anything yet")
         return self._loop
 
-    # --- writing ------------------------------------------------------------------------
+    # --- appending ----------------------------------------------------------------------
 
     async def append(
         self,
@@ -226,27 +283,22 @@ class EventStore:
         """
         self._appending += 1
         try:
-            if self._write is not None and self._write.writes_now:
-                # Let every appender that is ready to run queue its append first: when
-                # this one is then alone, append_nowait commits it here and now, without
-                # the two hops through the writer task; when not, the writer commits
-                # them together (group commit). With nothing else ready to run, the
-                # loop's turn would let nothing queue: skip it (~10 us per lone append),
-                # but not for longer than TURN_EVERY_S, so that timers and
-                # sockets of a program that only appends are still served.
-                loop = asyncio.get_running_loop()
-                now = loop.time()
-                if not _nothing_else_ready(loop) or now - self._last_turn > TURN_EVERY_S:
-                    self._last_turn = now
-                    await asyncio.sleep(0)
-                self._commit_now = self._appending == 1
-            try:
-                future = self.append_nowait(
-                    stream_id, new_events, expected_version, blobs=blobs, condition=condition
-                )
-            finally:
-                self._commit_now = False
-            return await future
+            # Let every appender that is ready to run queue its append first: when this
+            # one is then alone, it is committed here and now, without the two hops
+            # through the writer task; when not, the writer commits them together (group
+            # commit). With nothing else ready to run, the loop's turn would let nothing
+            # queue: skip it (~10 us per lone append), but not for longer than
+            # TURN_EVERY_S, so that timers and sockets of a program that only appends are
+            # still served.
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            if not _nothing_else_ready(loop) or now - self._last_turn > TURN_EVERY_S:
+                self._last_turn = now
+                await asyncio.sleep(0)
+            item = self._new_append(stream_id, new_events, expected_version, blobs, condition)
+            if self._appending == 1 and self._commit_at_once(item):
+                return item.result  # type: ignore[return-value]
+            return await self._enqueue(item)
         finally:
             self._appending -= 1
 
@@ -262,14 +314,9 @@ class EventStore:
         """Queue an append and return at once; the future resolves when it is committed.
 
         Appends queued by one task are written in the order they were queued. Invalid
-        events raise here, before anything is queued. (Called by `append` for an append
-        that is alone, with nothing queued, it may commit it before returning: every
-        append goes through here.)
+        events raise here, before anything is queued.
         """
         item = self._new_append(stream_id, new_events, expected_version, blobs, condition)
-        if self._commit_now and self._writer_idle() and self._write_now(item):
-            item.future.set_result(item.result)  # type: ignore[arg-type]
-            return item.future
         return self._enqueue(item)
 
     def append_together_nowait(
@@ -281,8 +328,8 @@ class EventStore:
         between these (however many events they hold): a group's rollouts and its seal
         commit together, and a crash leaves all of them or none. Invalid events raise
         here, before any of them is queued. Should the database refuse one of them, or
-        the connection be lost, the writer retries the batch append by append as it does
-        any batch (`_write_batch`), and each then succeeds or fails on its own.
+        the connection be lost, the writer writes the batch again append by append, as it
+        does any batch (`_commit`), and each then succeeds or fails on its own.
         """
         items = [
             self._new_append(a.stream_id, a.events, a.expected_version, a.blobs, None)
@@ -315,58 +362,43 @@ class EventStore:
             raise InvalidEventError("an append holds the same event id twice")
         for digest, text in (blobs or {}).items():
             _check_blob(digest, text)
-        self._ensure_writer()
+        self._ensure_writer_task()
         future: asyncio.Future[AppendResult] = self.loop.create_future()
         return _Append(stream_id, rows, expected_version, dict(blobs or {}), future, condition)
 
     def _enqueue(self, item: _Append) -> asyncio.Future[AppendResult]:
-        self._ensure_writer().put_nowait(item)
+        self._ensure_writer_task().put_nowait(item)
         return item.future
 
-    def _writer_idle(self) -> bool:
-        """Nothing queued, no batch being written, no statistics due: an append may be
-        committed outside the writer task without passing anything queued before it."""
-        return (
-            not self._writing
-            and (self._queue is None or self._queue.empty())
-            and self._events_since_statistics < STATISTICS_EVERY_EVENTS
-        )
-
-    def _write_now(self, item: _Append) -> bool:
-        """Commit `item` alone in one transaction on this thread, if the database can do it
-        without waiting (SQLite, its write lock free). False, with nothing written, when it
-        cannot or when the transaction fails: the writer task then takes the append, and
-        reports a refusal or a failure as it does for any append."""
-        assert self._write is not None
-
-        def fast(connection: Connection) -> None:
-            item.result, item.error, item.recorded = None, None, []
-            self._write_fast(connection, [item])
-
-        rows = self._single_statement_rows([item])
+    def _commit_at_once(self, item: _Append) -> bool:
+        """Commit `item` alone, here and now, if nothing queued or being written would be
+        passed and the database can do it without waiting (SQLite, its write lock free).
+        False, with nothing written, otherwise or when the transaction fails: the writer
+        task then takes the append, and reports a refusal or a failure as it does for any."""
+        assert self._writer is not None
+        if (
+            self._writing
+            or (self._queue is not None and not self._queue.empty())
+            or self._events_since_statistics >= STATISTICS_EVERY_EVENTS
+        ):
+            return False
+        batch = self._write_batch([item])
         try:
-            if rows is not None:
-                done, positions = self._write.insert_now(rows)
-                if done:
-                    self.single_statement_transactions += 1
-                    _hand_back([item], rows, positions, to_project=False)  # type: ignore[arg-type]
-            else:
-                done, _ = self._write.write_now(fast, events=len(item.rows))
+            done = self._writer.commit_now(batch)
         except Exception:
             done = False
         if not done:
-            item.result, item.error, item.recorded = None, None, []
+            item.forget_attempt()
             return False
-        self.transactions += 1
-        self._events_since_statistics += len(item.rows)
-        self._committed([item])
+        self._committed([item], batch)
         return True
 
-    def _ensure_writer(self) -> asyncio.Queue[_Append]:
+    def _ensure_writer_task(self) -> asyncio.Queue[_Append]:
         if self._queue is None:
             self._loop = asyncio.get_running_loop()
             self._queue = asyncio.Queue()
-            self._writer = self._loop.create_task(self._write_forever(), name="artstore-writer")
+            writing = self._write_forever()
+            self._writer_task = self._loop.create_task(writing, name="artstore-writer")
         return self._queue
 
     async def flush(self) -> None:
@@ -390,7 +422,7 @@ class EventStore:
                 batch.append(self._queue.get_nowait())
                 num_events += len(batch[-1].rows)
             try:
-                await self._write_batch(batch)
+                await self._commit(batch)
             except BaseException as exc:  # the whole transaction failed: fail every append
                 for item in batch:
                     item.result, item.error = None, translate_error(exc, self.database)
@@ -406,30 +438,65 @@ class EventStore:
                     self._queue.task_done()
                 self._writing = False
 
-    async def _write_batch(self, batch: list[_Append]) -> None:
-        """Write a batch; an append the database refuses fails alone.
+    async def _commit(self, batch: list[_Append]) -> None:
+        """Commit a batch in one transaction; if that fails, each append on its own."""
+        assert self._writer is not None
+        write = self._write_batch(batch)
+        try:
+            await self._writer_call(self._writer.commit(write))
+            self._committed(batch, write)
+        except LockTimeoutError:
+            raise  # waiting again would only wait as long again: every append gets the error
+        except Exception:
+            await self._commit_each_alone(batch)
+            self._committed(batch, None)
+        if self._events_since_statistics >= STATISTICS_EVERY_EVENTS:
+            await self._refresh_statistics()
 
-        1. The whole batch in one transaction (the usual case).
-        2. If that rolled back: each append in a savepoint of its own, checked against the
-           database, in a second transaction. A conflict, a retry, a value the database
-           refuses fails (or succeeds) that append only; a lost connection is replaced.
-        3. If that transaction failed as a whole (the connection died again, the disk is
+    def _write_batch(self, batch: list[_Append]) -> _BatchWrite:
+        """The batch as one write transaction for the writer (see `WriteBatch`)."""
+
+        def write_together(connection: Connection) -> None:
+            write.side_by_side = self._write_together(connection, batch)
+
+        def inserted(positions: list[int]) -> None:
+            write.single_statement = True
+            _hand_back(batch, rows or [], positions, to_project=False)
+
+        rows = self._rows_alone(batch)
+        events = sum(len(item.rows) for item in batch)
+        write = _BatchWrite(write_together, events, rows, inserted if rows is not None else None)
+        return write
+
+    def _committed(self, batch: list[_Append], write: _BatchWrite | None) -> None:
+        """Count the transaction (`write`: the batch's own; None: the fallback counted its
+        own), and remember what now exists: stream heads and blobs of the appends written."""
+        if write is not None:
+            self.commits.transactions += 1
+            self.commits.single_statement += write.single_statement
+            self.commits.side_by_side += write.side_by_side
+        self._events_since_statistics += sum(len(item.rows) for item in batch)
+        for item in batch:
+            if item.result is not None:
+                self._heads.remember(item.stream_id, item.result.version)
+                for digest in item.blobs:
+                    self._stored_blobs.remember(digest)
+
+    async def _commit_each_alone(self, batch: list[_Append]) -> None:
+        """The fallback that isolates a refused append.
+
+        1. Each append in a savepoint of its own, checked against the database, in one
+           transaction. A conflict, a retry, a value the database refuses fails (or
+           succeeds) that append only; a lost connection is replaced.
+        2. If that transaction failed as a whole (the connection died again, the disk is
            full): each append in a transaction of its own, until the database is out of
            reach, which fails what is left with the real cause.
         """
-
-        def fast(connection: Connection) -> None:
-            for item in batch:
-                item.result, item.error, item.recorded = None, None, []
-            # A batch's rows, recorded events and projection rows are thousands of acyclic
-            # objects that live until it commits: left on, the collector ran full
-            # collections of the whole process's heap during big batches (artstore.collector).
-            with collector_paused():
-                self._write_fast(connection, batch)
+        assert self._writer is not None
 
         def each_in_a_savepoint(connection: Connection) -> None:
             for item in batch:
-                item.result, item.error, item.recorded = None, None, []
+                item.forget_attempt()
                 try:
                     with _savepoint(connection):
                         self._write_checked(connection, item)
@@ -438,45 +505,18 @@ class EventStore:
                         raise  # the transaction is gone, not only this append
                     self._refused(item, exc)
 
-        num_events = sum(len(item.rows) for item in batch)
-        rows = self._single_statement_rows(batch)
         try:
-            if rows is not None:
-                await self._write_single_statement(batch, rows)
-            else:
-                self._went_side_by_side = False
-                await self._transaction(fast, num_events)
-                self.side_by_side_transactions += self._went_side_by_side
-            self.transactions += 1
-        except LockTimeoutError:
-            raise  # waiting again would only wait as long again: every append gets the error
+            await self._writer_call(self._writer.transaction(each_in_a_savepoint))
+            self.commits.transactions += 1
+            return
         except Exception:
-            try:
-                await self._transaction(each_in_a_savepoint)
-                self.transactions += 1
-            except Exception:
-                await self._write_each_alone(batch)
-        self._events_since_statistics += num_events
-        if self._events_since_statistics >= STATISTICS_EVERY_EVENTS:
-            await self._refresh_statistics()
-        self._committed(batch)
-
-    def _committed(self, batch: list[_Append]) -> None:
-        """Remember what now exists: stream heads and blobs of the appends written."""
-        for item in batch:
-            if item.result is not None:
-                self._remember_head(item.stream_id, item.result.version)
-                for digest in item.blobs:
-                    self._remember_blob(digest)
-
-    async def _write_each_alone(self, batch: list[_Append]) -> None:
+            pass
         for number, item in enumerate(batch):
-            item.result, item.error, item.recorded = None, None, []
+            item.forget_attempt()
             try:
-                await self._transaction(
-                    lambda connection, item=item: self._write_checked(connection, item)
-                )
-                self.transactions += 1
+                write_one = partial(self._write_checked, item=item)
+                await self._writer_call(self._writer.transaction(write_one))
+                self.commits.transactions += 1
             except Exception as exc:
                 self._refused(item, exc)
                 if isinstance(item.error, DatabaseUnavailableError):
@@ -498,29 +538,23 @@ class EventStore:
         item.error = error
         self._heads.pop(item.stream_id, None)
 
-    async def _transaction(self, work: Callable[[Connection], None], events: int = 0) -> None:
-        """Run `work` (synchronous SQL) as one write transaction, in one call.
-
-        The writer keeps its connection for the store's life and replaces it after an
-        error that is not about the data.
-        """
-        assert self._write is not None  # a read-only store refuses appends before this
+    async def _writer_call(self, call: Awaitable[T]) -> T:
+        """Await a call of the writer; after an error that is not about the appends (the
+        connection), the writer replaces its connection."""
+        assert self._writer is not None
         try:
-            await self._write.transaction(work, events=events)
+            return await call
         except BaseException as exc:
             if not _about_the_append(exc):
-                await self._write.reset()
+                await self._writer.reset()
             raise
 
-    def _single_statement_rows(self, batch: list[_Append]) -> list[dict[str, Any]] | None:
-        """The batch's event rows when one INSERT that commits by itself can write it: the
-        writer offers that, and no append has a condition, a blob to store, an event to
-        project, or a stream whose head this process does not know (a new stream's is 0).
-        None otherwise. A head another process moved on fails on the unique (stream,
-        version) key, and the batch is then written the checked way."""
-        assert self._write is not None
-        if not self._write.single_statement_appends:
-            return None
+    def _rows_alone(self, batch: list[_Append]) -> list[dict[str, Any]] | None:
+        """The batch's event rows when they are all of it: no append has a condition, a
+        blob to store, an event to project, or a stream whose head this process does not
+        know (a new stream's is 0). None otherwise. A head another process moved on
+        fails on the unique (stream, version) key, and the batch is then written the
+        checked way (`_commit_each_alone`)."""
         heads: dict[str, int] = {}
         rows: list[dict[str, Any]] = []
         for item in batch:
@@ -542,23 +576,18 @@ class EventStore:
             heads[item.stream_id] = head + len(item.rows)
         return rows
 
-    async def _write_single_statement(
-        self, batch: list[_Append], rows: list[dict[str, Any]]
-    ) -> None:
-        assert self._write is not None
+    def _write_together(self, connection: Connection, batch: list[_Append]) -> bool:
+        """The whole batch in one INSERT, with versions from the cached stream heads;
+        whether the transaction shares the append lock."""
         for item in batch:
-            item.result, item.error, item.recorded = None, None, []
-        try:
-            positions = await self._write.insert_and_commit(rows)
-        except BaseException as exc:
-            if not _about_the_append(exc):
-                await self._write.reset()
-            raise
-        self.single_statement_transactions += 1
-        _hand_back(batch, rows, positions, to_project=False)
+            item.forget_attempt()
+        # A batch's rows, recorded events and projection rows are thousands of acyclic
+        # objects that live until it commits: left on, the collector ran full collections
+        # of the whole process's heap during big batches (artstore.collector).
+        with collector_paused():
+            return self._insert_together(connection, batch)
 
-    def _write_fast(self, connection: Connection, batch: list[_Append]) -> None:
-        """The whole batch in one INSERT, with versions from the cached stream heads."""
+    def _insert_together(self, connection: Connection, batch: list[_Append]) -> bool:
         streams = {item.stream_id for item in batch}
         # Only this batch's heads: copying the whole cache (up to 100,000) costs milliseconds.
         heads = {stream: self._heads[stream] for stream in streams if stream in self._heads}
@@ -573,21 +602,22 @@ class EventStore:
             heads[item.stream_id] = head + len(item.rows)
             if item.condition is not None:
                 item.condition(connection)
-        side_by_side = self._went_side_by_side = self._may_go_side_by_side(connection, rows)
+        side_by_side = self._may_go_side_by_side(connection, rows)
         # Blobs first: on PostgreSQL the append lock is taken by the events' INSERT and
         # held until commit, so whatever needs no order is written before it.
         self._insert_blobs(connection, batch)
-        positions = self.database.insert_events(connection, rows, side_by_side=side_by_side)
+        positions = self.recorder.insert_events(connection, rows, side_by_side=side_by_side)
         _hand_back(batch, rows, positions, to_project=self._projector is not None)
         if self._projector is not None:
             texts = {digest: text for item in batch for digest, text in item.blobs.items()}
             self._projector(connection, [e for item in batch for e in item.recorded], texts)
+        return side_by_side
 
     def _may_go_side_by_side(self, connection: Connection, rows: list[dict[str, Any]]) -> bool:
         """Whether this transaction may share the append lock: the writer offers it, and
         nothing it projects needs the order of appends."""
-        assert self._write is not None
-        if not self._write.side_by_side_appends:
+        assert self._writer is not None
+        if not self._writer.side_by_side_appends:
             return False
         if self._projector is None:
             return True
@@ -621,7 +651,8 @@ class EventStore:
                     self._write_at_head(connection, item)
                 return
             except IntegrityError as exc:
-                if attempt == MAX_STREAM_RACES or not _a_version_taken(exc):
+                taken = self.recorder.error_kind(exc) is ErrorKind.VERSION_TAKEN
+                if attempt == MAX_STREAM_RACES or not taken:
                     raise
 
     def _write_at_head(self, connection: Connection, item: _Append) -> None:
@@ -632,7 +663,7 @@ class EventStore:
             item.condition(connection)
         rows = [{**row, "version": head + n} for n, row in enumerate(item.rows, start=1)]
         self._insert_blobs(connection, [item])
-        positions = self.database.insert_events(connection, rows)
+        positions = self.recorder.insert_events(connection, rows)
         item.result = AppendResult(item.stream_id, rows[-1]["version"], positions, True)
         if self._projector is not None:
             item.recorded = _recorded(rows, positions)
@@ -650,18 +681,7 @@ class EventStore:
         # lock, and two transactions inserting the same two blobs in opposite orders would
         # each wait for the other.
         rows = [blob_row(h, b) for h, b in sorted(new.items())]
-        self.database.insert_missing(connection, blobs, "hash", rows)
-
-    def _remember_head(self, stream_id: str, version: int) -> None:
-        self._heads[stream_id] = version
-        self._heads.move_to_end(stream_id)
-        if len(self._heads) > 100_000:
-            self._heads.popitem(last=False)
-
-    def _remember_blob(self, digest: str) -> None:
-        self._stored_blobs[digest] = None
-        if len(self._stored_blobs) > 1_000_000:
-            self._stored_blobs.popitem(last=False)
+        self.recorder.insert_missing(connection, blobs, "hash", rows)
 
     # --- reading ------------------------------------------------------------------------
 
@@ -687,7 +707,7 @@ class EventStore:
         found: dict[str, list[RecordedEvent]] = {stream_id: [] for stream_id in ids}
         async with self.database.read() as connection:
             for start in range(0, len(ids), 500):
-                query = events_of_streams(self.dialect, ids[start : start + 500], list(events.c))
+                query = events_of_streams(self.recorder, ids[start : start + 500], list(events.c))
                 for row in await connection.execute(query):
                     found[row.stream_id].append(recorded_from_row(row))
         return found
@@ -739,8 +759,8 @@ class EventStore:
 
     async def _refresh_statistics(self) -> None:
         self._events_since_statistics = 0
-        if self._write is not None:
-            await self._write.refresh_statistics()
+        if self._writer is not None:
+            await self._writer.refresh_statistics()
 
     async def close(self) -> None:
         """Write everything queued, then release every connection."""
@@ -749,15 +769,15 @@ class EventStore:
         self._closed = True
         try:
             await self.flush()
-            if self.transactions:
+            if self.commits.transactions:
                 await self._refresh_statistics()
         finally:
-            if self._writer is not None:
-                self._writer.cancel()
+            if self._writer_task is not None:
+                self._writer_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await self._writer
-            if self._write is not None:
-                await self._write.close()
+                    await self._writer_task
+            if self._writer is not None:
+                await self._writer.close()
             await self.database.dispose()
 
     async def __aenter__(self):
@@ -784,12 +804,6 @@ def _about_the_append(exc: BaseException) -> bool:
             exc, (OperationalError, InterfaceError)
         )
     return isinstance(exc, Exception)
-
-
-def _a_version_taken(exc: IntegrityError) -> bool:
-    """Whether the unique (stream, version) key refused the insert (PostgreSQL, SQLite)."""
-    message = str(exc.orig)
-    return "uq_events_stream_id_version" in message or "events.stream_id, events.version" in message
 
 
 @contextlib.contextmanager

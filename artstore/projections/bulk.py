@@ -35,13 +35,12 @@ that a rebuild gives them the same ids.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import bindparam, delete, func, select, update
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from artstore.events import (
@@ -53,6 +52,7 @@ from artstore.events import (
     TrajectoryImported,
     TrajectoryRecorded,
 )
+from artstore.eventstore.recorder import Recorder, recorder_of
 from artstore.eventstore.store import RecordedEvent, recorded_from_row
 from artstore.eventstore.streams import events_of_streams
 from artstore.projections import rollout_rewards, trained
@@ -212,8 +212,11 @@ _INSERT_REWARDS = t.rewards.insert()
 _INSERT_MESSAGES = t.trajectory_messages.insert()
 
 
-def _upsert_latest_statement(insert: Any) -> Any:
-    statement = insert(t.latest_rewards)
+@functools.cache
+def _upsert_latest(recorder: Recorder) -> Any:
+    """The upsert of `latest_rewards` for this database (one object: it is the cache key
+    of its compiled form, `_compiled`)."""
+    statement = recorder.insert(t.latest_rewards)
     excluded = statement.excluded
     return statement.on_conflict_do_update(
         index_elements=["rollout_id", "scorer"],
@@ -224,11 +227,6 @@ def _upsert_latest_statement(insert: Any) -> Any:
         },
     )
 
-
-_UPSERT_LATEST = {
-    "postgresql": _upsert_latest_statement(postgresql_insert),
-    "sqlite": _upsert_latest_statement(sqlite_insert),
-}
 
 ro = t.rollouts
 _ADD_TOTALS = (
@@ -584,7 +582,7 @@ class BulkProjection:
 
     def _upsert_latest(self, rows: list[dict[str, Any]]) -> None:
         c = self.connection
-        execute_many(c, _UPSERT_LATEST[c.dialect.name], rows)
+        execute_many(c, _upsert_latest(recorder_of(c)), rows)
 
     def _project_messages(self, rollout_ids: list[str]) -> None:
         """Rows of `trajectory_messages` for these finished rollouts: the loop's own
@@ -626,10 +624,11 @@ class BulkProjection:
 def _recorded_trajectories(c: Connection, rollout_ids: list[str]) -> dict[str, Any]:
     """The latest `trajectory.recorded` event of each of these rollouts that has one."""
     found: dict[str, Any] = {}
+    recorder = recorder_of(c)
     streams = [f"rollout-{rollout_id}" for rollout_id in dict.fromkeys(rollout_ids)]
     for start in range(0, len(streams), 500):
         query = events_of_streams(
-            c.dialect.name, streams[start : start + 500], list(t.events.c), TrajectoryRecorded.type
+            recorder, streams[start : start + 500], list(t.events.c), TrajectoryRecorded.type
         )
         rows = c.execute(query).all()
         for row in rows:

@@ -21,9 +21,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from sqlalchemy import bindparam, func, select, text, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.engine import Connection
 
+from artstore.eventstore.recorder import recorder_of
 from artstore.schema import tables as t
 
 CHUNK = 500  # ids per IN list
@@ -39,13 +40,8 @@ _SET_TRAINED = (
 )
 
 
-# Advisory keys of the steps being summed again on PostgreSQL: this offset plus the id.
+# Lock keys of the steps being summed again: this offset plus the id.
 STEP_KEY_OFFSET = 0x5472_6169_6E00_0000
-# Taken in the ids' order (sorted by the caller), so two transactions never wait in a circle.
-_LOCK_STEPS = text(
-    f"SELECT pg_advisory_xact_lock({STEP_KEY_OFFSET} + id) "
-    "FROM unnest(CAST(:ids AS bigint[])) AS id"
-)
 
 
 def _chunks(values: list, size: int = CHUNK) -> Iterable[list]:
@@ -90,10 +86,10 @@ def refresh_trained(c: Connection, step_ids: Iterable[int]) -> None:
     trained = t.rollouts
     latest = t.latest_rewards
     ids = sorted(set(step_ids))
-    if c.dialect.name == "postgresql" and ids:
-        # Appends projected side by side (artstore.projections.side_by_side) may both
-        # start rollouts of a step's group: each sums the step after the other commits.
-        c.execute(_LOCK_STEPS, {"ids": ids})
+    # Appends projected side by side (artstore.projections.side_by_side) may both start
+    # rollouts of a step's group: each sums the step after the other commits. The ids are
+    # sorted, so two transactions never wait for each other in a circle.
+    recorder_of(c).lock_keys(c, STEP_KEY_OFFSET, ids)
     steps = c.execute(
         select(_ts.c.id, _ts.c.scorer, _ts.c.group_ids).where(_ts.c.id.in_(ids))
     ).all()

@@ -48,6 +48,7 @@ from sqlalchemy.engine import Connection
 from artstore.capture import exchanges as http_documents
 from artstore.capture.messages import count_logprobs, from_json
 from artstore.eventstore.blobs import StoredBlob, read_stored_blobs
+from artstore.eventstore.recorder import recorder_of
 from artstore.eventstore.streams import events_of_streams
 from artstore.schema.tables import events
 
@@ -425,7 +426,7 @@ class StoredCalls:
         stream_ids = list(streams)
         for start in range(0, len(stream_ids), 500):
             query = events_of_streams(
-                connection.dialect.name,
+                recorder_of(connection),
                 stream_ids[start : start + 500],
                 [events.c.stream_id, events.c.data],
                 "llm.call",

@@ -17,11 +17,11 @@ makes (`hasattr(type(backend), "adapter_lease")`). What it adds, per `train` cal
    wrapped backend's `train`, then `train_step.completed` consuming the groups in one
    transaction (or `train_step.failed`, and the backend's exception as it was).
 
-The first use for a model takes the model (one trainer per model: a second process gets
-TrainerConflictError) and settles a step a crash left open, with the backend's own step
+Registering a model settles a step a crash left open, with the backend's own step
 (`model.get_step()`): recorded as trained if the backend finished it, as failed (its
-groups unconsumed again) if not. Close the backend (or use `async with`) to release the
-model; a process that dies releases it by itself.
+groups unconsumed again) if not. The first `train` takes the model (one trainer per model:
+a second process gets TrainerConflictError) and settles again. Close the backend (or use
+`async with`) to release the model; a process that dies releases it by itself.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from artstore.arguments import check_name, check_store
 from artstore.art_versions import model_key
-from artstore.errors import GroupAlreadyConsumedError
+from artstore.errors import GroupAlreadyConsumedError, TrainerConflictError
 from artstore.training.lease import trainer_lease
 from artstore.training.recording import record_group
 from artstore.training.runs import ensure_run
@@ -103,6 +103,24 @@ class RecordingBackend:
             self._settled.clear()
 
     # --- recording ------------------------------------------------------------------------
+
+    async def register(self, model: art.Model, *args: Any, **kwargs: Any) -> None:
+        """The wrapped backend's `register`; then a train step a crash left open is settled.
+
+        Settled here, not only at the first `train`: a crash inside the last step's
+        `backend.train` leaves a loop (`range(await model.get_step(), num_steps)`) nothing
+        to train when it starts again, and the step would stay open, its groups
+        unconsumed. The model is taken only for that moment: while another process trains
+        it, that trainer settles the step, and this one learns of it at its first `train`.
+        """
+        await self._inner.register(model, *args, **kwargs)
+        if not getattr(model, "trainable", False) or model_key(model) in self._settled:
+            return
+        try:
+            async with trainer_lease(self._store.database, self._run, model_key(model)):
+                await reconcile(self._store, model)
+        except TrainerConflictError:
+            return
 
     async def settle(self, model: art.TrainableModel) -> None:
         """Take `model` for this process and settle a step a crash left open (once)."""

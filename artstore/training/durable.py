@@ -29,16 +29,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import uuid
+import weakref
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ParamSpec
 
 from sqlalchemy import select
 
 from artstore.arguments import check_callable, check_name, check_store
 from artstore.capture.rollout import to_json_value
-from artstore.errors import InvalidEventError
+from artstore.errors import InvalidEventError, RolloutFailedBeforeError
+from artstore.events import GroupSealed
 from artstore.eventstore.blobs import canonical_json
 from artstore.schema import tables as t
+from artstore.training.groups import sealed_groups
 from artstore.training.recording import Blobs, stamp, trajectory_event
 
 if TYPE_CHECKING:
@@ -72,13 +76,60 @@ def _scenario_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return next((a for a in candidates if not hasattr(a, "inference_base_url")), None)
 
 
-class _Finished:
-    """Finished rollouts of a group that this process may hand out instead of rolling out."""
+@dataclass
+class _Outcome:
+    """What a call is given instead of a rollout: a finished one, or a failure again."""
 
-    def __init__(self) -> None:
+    rollout_id: str | None = None
+    failure: str | None = None
+
+
+class _DurableGroup:
+    """The outcomes of one durable group that this process hands out instead of rolling out.
+
+    Unsealed, the group hands out each rollout that finished before (a crash) once, and
+    the calls after that roll out. Sealed, the group is final: each round of calls gets
+    its members, then, for each rollout ART counted as failed, that failure again (a
+    redo would join a sealed group, and its copy a second group). A call that got a
+    failure and comes again from the same task (a retry around the durable function)
+    gets the failure again; a call past the round starts the next round.
+    """
+
+    def __init__(self, group_id: str) -> None:
+        self.group_id = group_id
         self.lock = asyncio.Lock()
-        self.loaded = False
-        self.waiting: list[str] = []
+        self.waiting: list[_Outcome] = []
+        self.known: set[str] = set()  # handed out or rolled out by this process
+        self.failed_tasks: weakref.WeakKeyDictionary[asyncio.Task, str] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def take(self, store: Store) -> _Outcome | None:
+        """The next outcome to hand out, or None: roll out (see the class docstring)."""
+        task = asyncio.current_task()
+        async with self.lock:
+            if task is not None and task in self.failed_tasks:
+                return _Outcome(failure=self.failed_tasks[task])
+            if not self.waiting:  # the first call, or past a round: what is stored now
+                await self._load(store)
+            if not self.waiting:
+                return None
+            outcome = self.waiting.pop(0)
+            if outcome.rollout_id is not None:
+                self.known.add(outcome.rollout_id)
+            elif task is not None and outcome.failure is not None:
+                self.failed_tasks[task] = outcome.failure
+            return outcome
+
+    async def _load(self, store: Store) -> None:
+        seal = (await sealed_groups(store, [self.group_id])).get(self.group_id)
+        if seal is None:
+            finished = await _finished_with_trajectory(store, self.group_id)
+            self.waiting = [_Outcome(rollout_id=r) for r in finished if r not in self.known]
+            return
+        failures = await _failures(store, seal)
+        self.waiting = [_Outcome(rollout_id=r) for r in seal.rollout_ids]
+        self.waiting += [_Outcome(failure=f) for f in failures]
 
 
 def durable_rollouts(
@@ -96,15 +147,7 @@ def durable_rollouts(
     for argument, given in (("scenario", scenario), ("key", key)):
         if given is not None:
             check_callable(argument, given)
-    groups: dict[str, _Finished] = {}
-
-    async def take_finished(group_id: str) -> str | None:
-        found = groups.setdefault(group_id, _Finished())
-        async with found.lock:
-            if not found.loaded:
-                found.waiting = await _reusable(store, group_id)
-                found.loaded = True
-            return found.waiting.pop(0) if found.waiting else None
+    groups: dict[str, _DurableGroup] = {}
 
     @functools.wraps(rollout)
     async def durable(*args: P.args, **kwargs: P.kwargs) -> art.Trajectory:
@@ -124,14 +167,19 @@ def durable_rollouts(
         group_id = durable_group_id(
             run, step, to_json_value(key(*args, **kwargs)) if key else stored
         )
-        finished = await take_finished(group_id)
-        if finished is not None:  # finished before a crash: handed out, not paid for again
+        group = groups.setdefault(group_id, _DurableGroup(group_id))
+        outcome = await group.take(store)
+        if outcome is not None and outcome.failure is not None:
+            raise RolloutFailedBeforeError(outcome.failure)
+        if outcome is not None and outcome.rollout_id is not None:  # not paid for again
+            finished = outcome.rollout_id
             trajectory = (await store.trajectories([finished]))[finished]
             stamp(trajectory, finished, group_id)
             return trajectory
         async with store.rollout(
             model, scenario=stored, run=run, group_id=group_id, policy_step=step
         ) as recorder:
+            group.known.add(recorder.id)
             result = await rollout(*args, **kwargs)
             if not isinstance(result, Trajectory):
                 raise InvalidEventError(
@@ -147,18 +195,9 @@ def durable_rollouts(
     return durable
 
 
-async def _reusable(store: Store, group_id: str) -> list[str]:
-    """Finished rollouts of `group_id` with a recorded trajectory, unless it was trained."""
+async def _finished_with_trajectory(store: Store, group_id: str) -> list[str]:
+    """Finished rollouts of `group_id` with a recorded trajectory, in start order."""
     async with store.database.read() as connection:
-        consumed = (
-            await connection.execute(
-                select(t.group_consumptions.c.group_id)
-                .where(t.group_consumptions.c.group_id == group_id)
-                .limit(1)
-            )
-        ).first()
-        if consumed is not None:
-            return []
         ids = (
             (
                 await connection.execute(
@@ -183,3 +222,19 @@ async def _reusable(store: Store, group_id: str) -> list[str]:
             .all()
         )
     return [i for i in ids if f"rollout-{i}" in with_trajectory]
+
+
+async def _failures(store: Store, seal: GroupSealed) -> list[str]:
+    """A line for each rollout ART counted as failed in the sealed group (its exceptions)."""
+    from artstore.projections.imported import load_bodies
+
+    if seal.art_group is None:
+        return []
+    async with store.database.read() as connection:
+        bodies = await connection.run_sync(load_bodies, [seal.art_group])
+    return [
+        f"a rollout of group {seal.group_id} failed before the group was sealed "
+        f"({exception['type']}: {exception['message']}); the group is final, so it is "
+        "not rolled out again"
+        for exception in bodies[seal.art_group]["exceptions"]
+    ]

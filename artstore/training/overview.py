@@ -37,7 +37,7 @@ PREFERRED_METRICS = (
 )
 
 
-TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # as the views show times (README, "SQL views")
+TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f"  # as the views show times (docs/views.md)
 
 
 def timestamp_text(value: datetime | None) -> str | None:

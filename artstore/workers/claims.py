@@ -41,7 +41,6 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError
 
 from artstore.errors import ConfigurationError, LeaseLostError, WrongDatabaseError
@@ -71,7 +70,7 @@ _pg_database = table("pg_database", column("oid"), column("datname"))
 
 def require_postgres(database: Database, who: str) -> None:
     """Refuse SQLite for workers and workers mode, in one line that names PostgreSQL."""
-    if database.dialect != "postgresql":
+    if not database.many_machines:
         raise ConfigurationError(
             f"{who} need PostgreSQL: workers on many hosts coordinate through its row locks "
             f"and notifications, and {database.display_url} is SQLite, which serves one "
@@ -234,14 +233,16 @@ async def register_run(
             "updated_at": NOW(),
         }
         await connection.execute(
-            postgresql.insert(worker_runs)
+            database.recorder.insert(worker_runs)
             .values(run=run, **row)
             .on_conflict_do_update(index_elements=["run"], set_=row)
         )
         for start in range(0, len(groups), 1000):
             chunk = groups[start : start + 1000]
             await connection.execute(
-                postgresql.insert(group_claims).values(updated_at=NOW()).on_conflict_do_nothing(),
+                database.recorder.insert(group_claims)
+                .values(updated_at=NOW())
+                .on_conflict_do_nothing(),
                 [
                     {
                         "group_id": g.group_id,
@@ -270,7 +271,9 @@ async def register_run(
                 for slot in range(g.policy + g.validation)
             ]
             await connection.execute(
-                postgresql.insert(rollout_claims).values(updated_at=NOW()).on_conflict_do_nothing(),
+                database.recorder.insert(rollout_claims)
+                .values(updated_at=NOW())
+                .on_conflict_do_nothing(),
                 slots,
             )
         await _reopen_failed_groups(connection, run)

@@ -75,7 +75,7 @@ class Wakeups:
 
     @property
     def listens(self) -> bool:
-        return self.database.dialect == "postgresql"
+        return self.database.many_machines
 
     async def __aenter__(self) -> Wakeups:
         if self.listens:
@@ -121,17 +121,9 @@ class Wakeups:
     # --- the listening connection -----------------------------------------------------
 
     async def _listen(self) -> None:
-        import asyncpg
-
-        dsn = self.database.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        connection = await asyncpg.connect(dsn, timeout=10)
-        try:
-            await connection.add_listener(self.channel, self._on_notification)
-        except BaseException:
-            await connection.close()
-            raise
-        connection.add_termination_listener(self._on_termination)
-        self._connection = connection
+        self._connection = await self.database.listen(
+            self.channel, self._on_notification, self._on_termination
+        )
         self._lost = False
 
     def _on_notification(self, _connection: Any, _pid: int, _channel: str, payload: str) -> None:

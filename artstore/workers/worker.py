@@ -17,7 +17,9 @@ any scheduler on any host, as many as wanted, joining and leaving at any time. I
 4. sleeps on the run's notifications (with a timeout as a safety net, and a wakeup when
    the next lease of another worker expires) when there is nothing to claim;
 5. returns when the trainer finished the run, or when `stop` is set (its rollouts in
-   flight are stopped and their slots given back).
+   flight are stopped and their slots given back). A run that failed is waited for as a
+   run not registered yet is (`wait_for_run_s`): its trainer, started again, reopens it
+   and the worker carries on; else the worker returns.
 
 A worker that dies loses its leases: after they expire another worker claims the slots,
 records the dead worker's rollouts as abandoned, and rolls them out again. A worker that
@@ -178,6 +180,7 @@ class Worker:
         self.api_keys = api_keys
         self.inference_base_url = inference_base_url
         self.stop = stop or asyncio.Event()
+        self.wait_for_run_s = WAIT_FOR_RUN_S  # for a run to be registered, or resumed
         self.id = worker_id()
         self.summary = WorkerSummary(worker=self.id, run=run)
         self.started: RunStarted | None = None  # the run's configuration: scenarios, scorer
@@ -192,6 +195,7 @@ class Worker:
     # --- the loop ---------------------------------------------------------------------
 
     async def run(self, wait_for_run_s: float) -> WorkerSummary:
+        self.wait_for_run_s = wait_for_run_s
         async with Wakeups(self.database, self.run_name) as wakeups:
             self._wakeups = wakeups
             self.registered = await self._wait_for_registration(wait_for_run_s)
@@ -238,11 +242,9 @@ class Worker:
             if registered.status != "open":
                 self.summary.run_status = registered.status
                 if not self._rollouts and not self._seals:
-                    if registered.status == "failed":
-                        log.warning(
-                            "worker %s: run %s failed: %s", self.id, self.run_name, registered.error
-                        )
-                    return
+                    if registered.status == "finished" or not await self._wait_for_resume():
+                        return
+                    continue
             # Asked for `free`: whatever was missing is not there now. Wait for a task of
             # ours to end, a notification, or the next lease of another worker to expire.
             await wakeups.wait(await self._idle_timeout())
@@ -464,6 +466,31 @@ class Worker:
                     "TrainingConfig(rollouts='workers') on this database"
                 )
             await self._wakeups.wait(min(left, SAFETY_NET_S))
+
+    async def _wait_for_resume(self) -> bool:
+        """The run failed: wait for its trainer to start it again (it then reopens the run),
+        as long as a worker waits for a run to be registered. Whether it was reopened.
+
+        A trainer resumed after a failure (by hand, or by its scheduler's restart policy)
+        finds its workers still there; a run nobody resumes lets them go.
+        """
+        assert self._wakeups is not None and self.registered is not None
+        log.warning(
+            "worker %s: run %s failed: %s; waiting up to %g s for its trainer to resume it",
+            self.id,
+            self.run_name,
+            self.registered.error,
+            self.wait_for_run_s,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.wait_for_run_s
+        while not self.stop.is_set() and (left := deadline - loop.time()) > 0:
+            await self._wakeups.wait(min(left, SAFETY_NET_S))
+            found = await claims.registration(self.database, self.run_name)
+            if found is not None and found.status != "failed":
+                log.info("worker %s: run %s is %s again", self.id, self.run_name, found.status)
+                return True
+        return False
 
     def _check_models(self, registered: claims.RunRegistration) -> None:
         for role, settings in registered.models.items():
