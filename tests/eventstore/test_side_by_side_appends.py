@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select, text
+from sqlalchemy.engine import make_url
 from training_helpers import projections
+from waiting import eventually
 
 import artstore
 from artstore.events import (
@@ -112,15 +114,21 @@ async def test_rollouts_from_many_processes_project_as_a_rebuild_does(database_u
         assert await projections(store) == before
 
 
+# An advisory lock key of these tests' own (each test has a database of its own).
+HOLD_KEY = 7021802808247546999
+
+
 def held_store(url: str, rollout_id: str) -> Store:
-    """A store whose projection of `rollout_id`'s start sleeps inside its transaction:
-    long enough that the appends a test makes meanwhile end first on a loaded machine
-    (1.5 s was not, once, with other tests running on both cores)."""
+    """A store whose projection of `rollout_id`'s start waits inside its transaction until
+    the test lets it go (`Hold.release`), so that the appends a test makes meanwhile are
+    made while it is in flight, however slow the machine."""
 
     def projector(connection, recorded, blobs) -> None:
         project(connection, recorded, blobs)
         if any(e.data.get("rollout_id") == rollout_id for e in recorded):
-            connection.execute(text("SELECT pg_sleep(4) -- held by the test"))
+            connection.execute(
+                text(f"SELECT pg_advisory_xact_lock({HOLD_KEY}) -- held by the test")
+            )
 
     types = projected_types()
     return Store(
@@ -129,6 +137,36 @@ def held_store(url: str, rollout_id: str) -> Store:
         projected_types=types,
         side_by_side=SideBySide(types),
     )
+
+
+class Hold:
+    """The lock a `held_store`'s projection waits for, taken by the test until `release`."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        conninfo = make_url(url).set(drivername="postgresql")
+        self.connection = psycopg.connect(
+            conninfo.render_as_string(hide_password=False), autocommit=True
+        )
+        self.connection.execute("SELECT pg_advisory_lock(%s)", (HOLD_KEY,))
+
+    def release(self) -> None:
+        if not self.connection.closed:
+            self.connection.close()  # the server releases its lock
+
+
+async def waiting_for_locks(store) -> int:
+    """How many sessions of this database wait for a lock now."""
+    async with store.database.read() as connection:
+        found = await connection.execute(
+            text(
+                "SELECT count(DISTINCT l.pid) FROM pg_locks l "
+                "JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE NOT l.granted AND a.datname = current_database()"
+            )
+        )
+        return found.scalar()
 
 
 async def in_flight(store) -> bool:
@@ -149,13 +187,13 @@ async def test_an_append_that_needs_the_order_waits_for_those_side_by_side(postg
         first = await store.append(f"rollout-{first_id}", [started(first_id, "r")])
         slow_id = str(uuid.uuid4())
         slow_store = held_store(postgres_url, slow_id)
+        hold = Hold(postgres_url)
         try:
             slow = asyncio.create_task(
                 slow_store.append(f"rollout-{slow_id}", [started(slow_id, "r")], NO_STREAM)
             )
-            while not await in_flight(store):
-                assert not slow.done(), slow.result()
-                await asyncio.sleep(0.02)
+            await eventually(lambda: slow.done() or in_flight(store), "the slow start")
+            assert not slow.done(), slow.result()
             # Another rollout's start goes by the one in flight...
             fast_id = str(uuid.uuid4())
             fast = await store.append(f"rollout-{fast_id}", [started(fast_id, "r")], NO_STREAM)
@@ -165,7 +203,13 @@ async def test_an_append_that_needs_the_order_waits_for_those_side_by_side(postg
             assert [e.position for e in await store.read_all(after=0)][-1] == first.positions[0]
             # A group's seal needs the order: it waits for the slow start to commit.
             seal = GroupSealed(group_id="g", run="r", rollout_ids=[slow_id, fast_id])
-            sealed = await store.append("group-g", [seal])
+            sealing = asyncio.create_task(store.append("group-g", [seal]))
+            await eventually(
+                lambda: sealing.done() or _both_wait(store), "the seal to wait for the slow start"
+            )
+            assert not sealing.done(), sealing.result()
+            hold.release()
+            sealed = await sealing
             assert slow.done()
             held = await slow
             assert first.positions[0] < held.positions[0] < fast.positions[0]
@@ -177,7 +221,12 @@ async def test_an_append_that_needs_the_order_waits_for_those_side_by_side(postg
                 sealed.positions[0],
             ]
         finally:
+            hold.release()
             await slow_store.close()
+
+
+async def _both_wait(store) -> bool:
+    return await waiting_for_locks(store) >= 2
 
 
 async def test_which_appends_go_side_by_side(database_url):
@@ -223,19 +272,31 @@ async def test_a_train_step_is_summed_again_under_its_own_lock(database_url, rew
         ]:
             await store.append(stream, [event])
         held, other = ids
-        slow_store = held_store(database_url, held) if store.dialect == "postgresql" else store
+        on_postgres = store.dialect == "postgresql"
+        slow_store = held_store(database_url, held) if on_postgres else store
+        hold = Hold(database_url) if on_postgres else None
         try:
             slow = asyncio.create_task(
                 slow_store.append(f"rollout-{held}", [started(held, "r")], NO_STREAM)
             )
-            if store.dialect == "postgresql":
-                while not await in_flight(store):
-                    await asyncio.sleep(0.02)
+            if hold is not None:
+                await eventually(lambda: slow.done() or in_flight(store), "the held start")
+                assert not slow.done(), slow.result()
             else:
                 await slow
-            await store.append(f"rollout-{other}", [started(other, "r")], NO_STREAM)
+            second = asyncio.create_task(
+                store.append(f"rollout-{other}", [started(other, "r")], NO_STREAM)
+            )
+            if hold is not None:  # the second start waits for the first, held open
+                await eventually(
+                    lambda: second.done() or _both_wait(store), "the second start to wait"
+                )
+                hold.release()
+            await second
             await slow
         finally:
+            if hold is not None:
+                hold.release()
             if slow_store is not store:
                 await slow_store.close()
         async with store.database.read() as connection:
