@@ -15,7 +15,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +24,7 @@ from urllib.parse import urlencode, urlsplit
 import httpx
 import pytest
 from recorded_run import record_run
+from waiting import wait_until
 
 import artstore
 
@@ -158,14 +158,6 @@ async def _queries_running(url: str, fragment: str) -> int:
                 {"fragment": f"%{fragment}%"},
             )
             return found.scalar()
-
-
-def wait_until(condition, what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"waited {timeout:g} s for {what}")
-        time.sleep(0.1)
 
 
 def _slow_query(dialect: str) -> str:
