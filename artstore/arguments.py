@@ -12,54 +12,17 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Collection
 from typing import Any
 
 from artstore.errors import InvalidArgumentError
-
-# What neither database can hold in a name or id: NUL (PostgreSQL's text) and lone
-# surrogates (UTF-8). A projection would store U+FFFD for them, and two names would meet.
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
-def _kind(value: Any) -> str:
-    return "None" if value is None else f"a {type(value).__name__}"
-
-
-def unstorable_character(text: str) -> str | None:
-    """What in `text` a name cannot hold, in words (None: nothing)."""
-    found = _UNSTORABLE.search(text)
-    if found is None:
-        return None
-    character = found.group()
-    if character == "\x00":
-        return f"the NUL character at position {found.start()}"
-    byte = f" (the byte 0x{ord(character) - 0xDC00:02x})" if character >= "\udc80" else ""
-    return (
-        f"a lone surrogate {character!r} at position {found.start()}{byte}, "
-        "which is not Unicode text"
-    )
-
-
-def check_name(argument: str, value: Any, *, optional: bool = False) -> str | None:
-    """A name or id (a run, scorer, model, rollout or group): a str the databases can hold."""
-    if value is None and optional:
-        return None
-    if not isinstance(value, str):
-        raise InvalidArgumentError(argument, f"must be a name (a str), not {_kind(value)}")
-    if not value.strip():
-        raise InvalidArgumentError(argument, "must not be empty")
-    problem = unstorable_character(value)
-    if problem is not None:
-        raise InvalidArgumentError(argument, f"holds {problem}: a name cannot hold it")
-    return value
+from artstore.eventstore.blobs import canonical_json
+from artstore.eventstore.store import EventStore
+from artstore.names import check_name, kind_of, unstorable_character
 
 
 def check_json(argument: str, value: Any) -> Any:
     """`value` unchanged if it is JSON the store keeps (no NaN, no infinity)."""
-    from artstore.eventstore.blobs import canonical_json  # (the event store checks names here)
-
     try:
         canonical_json(value)
     except (TypeError, ValueError) as exc:
@@ -98,7 +61,7 @@ def check_json_object(argument: str, value: Any, *, optional: bool = True) -> di
     if value is None and optional:
         return {}
     if not isinstance(value, dict):
-        raise InvalidArgumentError(argument, f"must be a dict (JSON), not {_kind(value)}")
+        raise InvalidArgumentError(argument, f"must be a dict (JSON), not {kind_of(value)}")
     return check_json(argument, value)
 
 
@@ -107,7 +70,9 @@ def check_whole_number(argument: str, value: Any, *, optional: bool = False) -> 
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentError(argument, f"must be a whole number (an int), not {_kind(value)}")
+        raise InvalidArgumentError(
+            argument, f"must be a whole number (an int), not {kind_of(value)}"
+        )
     return value
 
 
@@ -120,7 +85,7 @@ def check_choice(argument: str, value: Any, choices: Collection[str]) -> str:
 
 def check_callable(argument: str, value: Any) -> Any:
     if not callable(value):
-        raise InvalidArgumentError(argument, f"must be a function, not {_kind(value)}")
+        raise InvalidArgumentError(argument, f"must be a function, not {kind_of(value)}")
     return value
 
 
@@ -129,7 +94,7 @@ def check_model_name(value: Any, argument: str = "model") -> str:
     name = value if isinstance(value, str) else getattr(value, "name", None)
     if not isinstance(name, str):
         raise InvalidArgumentError(
-            argument, f"must be an art.Model (or the model's name), not {_kind(value)}"
+            argument, f"must be an art.Model (or the model's name), not {kind_of(value)}"
         )
     check_name(argument if isinstance(value, str) else f"{argument}.name", name)
     return name
@@ -137,11 +102,13 @@ def check_model_name(value: Any, argument: str = "model") -> str:
 
 def check_store(value: Any, argument: str = "store") -> Any:
     """An open store (`await artstore.open_store(url)`)."""
-    from artstore.eventstore.store import EventStore
-
-    if not isinstance(value, EventStore):
+    # A `Store` wraps its `EventStore` (as `.events`); this module sits below `Store`, so
+    # it recognises one by what it holds.
+    if not isinstance(value, EventStore) and not isinstance(
+        getattr(value, "events", None), EventStore
+    ):
         raise InvalidArgumentError(
-            argument, f"must be a store (await artstore.open_store(url)), not {_kind(value)}"
+            argument, f"must be a store (await artstore.open_store(url)), not {kind_of(value)}"
         )
     return value
 
@@ -154,7 +121,7 @@ def check_url(value: Any) -> str | None:
         value = os.fspath(value)
     if not isinstance(value, str):
         raise InvalidArgumentError(
-            "url", f"must be a database URL or a file path (a str), not {_kind(value)}"
+            "url", f"must be a database URL or a file path (a str), not {kind_of(value)}"
         )
     problem = unstorable_character(value)
     if problem is not None:
@@ -177,6 +144,6 @@ def check_whole_numbers(*, optional: bool = False, **values: Any) -> None:
 def check_art_model(value: Any, argument: str = "model") -> Any:
     """An `art.Model` (what is read of one: its `name` and `project`)."""
     if not isinstance(getattr(value, "project", None), str):
-        raise InvalidArgumentError(argument, f"must be an art.Model, not {_kind(value)}")
+        raise InvalidArgumentError(argument, f"must be an art.Model, not {kind_of(value)}")
     check_model_name(value, argument)
     return value

@@ -35,6 +35,8 @@ from functools import cache
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
+from artstore.errors import ArtVersionError
+
 # LiteLLM (imported by ART) fetches a price map from the network at import unless told not to.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -156,8 +158,6 @@ def trajectory_exchanges(data: Any, where: str) -> Any:
     ART 0.5.18 has no `Trajectory.exchanges`: ArtVersionError, naming `where` (the rollout).
     """
     if not has_exchanges():
-        from artstore.errors import ArtVersionError
-
         raise ArtVersionError(
             f"{where} holds ART's captured exchanges (raw LLM requests and responses), which "
             f"ART {'.'.join(map(str, art_version()))} cannot represent: they are stored whole; "

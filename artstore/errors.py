@@ -123,6 +123,10 @@ class RewardFunctionError(ArtstoreError):
     """A reward function raised or returned something unusable."""
 
 
+class RolloutsFailedError(ArtstoreError):
+    """Every policy rollout of a group failed; the run stops (resume rolls them out again)."""
+
+
 class NoRolloutError(ArtstoreError, LookupError):
     """An LLM call or chat model that needs a rollout ran outside of any open rollout."""
 

@@ -1,18 +1,17 @@
 """`open_store` and `Store`: the one entry point of the library.
 
-A `Store` is the event store with its projections and the capture of rollouts; training
-is built on it, in functions that take the store (`artstore.replay`, `artstore.rescore`,
-`artstore.TrainingFramework`).
+A `Store` wraps the event store (`store.events`) with its projections and the capture of
+rollouts; training is built on it, in functions that take the store (`artstore.replay`,
+`artstore.rescore`, `artstore.TrainingFramework`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Collection, Iterable
 from contextlib import AbstractAsyncContextManager
-from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
-from sqlalchemy import select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
@@ -26,13 +25,15 @@ from artstore.arguments import (
     check_url,
     check_whole_numbers,
 )
-from artstore.collector import collector_paused
-from artstore.errors import DatabaseUnavailableError, InvalidArgumentError, NotFoundError
+from artstore.capture import credentials
+from artstore.capture.rollout import rollout, to_json_value
+from artstore.errors import DatabaseUnavailableError, InvalidArgumentError
 from artstore.eventstore.database import Database, connect, database_class, translate_error
-from artstore.eventstore.store import EventStore
+from artstore.eventstore.store import EventStore, Projector, SideBySide
+from artstore.projections import project, projected_types, rebuild, side_by_side
+from artstore.projections.art_trajectories import read_trajectories
 from artstore.redaction import learn
 from artstore.schema import migrate
-from artstore.schema import tables as t
 from artstore.urls import resolve_url
 
 if TYPE_CHECKING:
@@ -41,11 +42,71 @@ if TYPE_CHECKING:
     from artstore.capture.rollout import Rollout, RolloutCheck
 
 
-class Store(EventStore):
+class Store:
     """The artstore: the event store, its projections, and what is built on them.
 
-    Open one with `await artstore.open_store(url)`; use it with `async with`.
+    Open one with `await artstore.open_store(url)`; use it with `async with`. It wraps an
+    `EventStore` (`store.events`), whose appends and reads it offers as its own.
     """
+
+    def __init__(
+        self,
+        database: Database,
+        *,
+        projector: Projector | None = None,
+        projected_types: Collection[str] | None = None,
+        side_by_side: SideBySide | None = None,
+    ) -> None:
+        events = EventStore(
+            database,
+            projector=projector,
+            projected_types=projected_types,
+            side_by_side=side_by_side,
+        )
+        self.events = events
+        self.database = database
+        self.redact = events.redact  # the credentials every payload is cleaned of
+        # The event store's own methods, bound once: capture calls them per LLM call.
+        self.append = events.append
+        self.append_nowait = events.append_nowait
+        self.append_together_nowait = events.append_together_nowait
+        self.flush = events.flush
+        self.read_stream = events.read_stream
+        self.read_streams = events.read_streams
+        self.read_all = events.read_all
+        self.iter_all = events.iter_all
+        self.stream_version = events.stream_version
+        self.last_position = events.last_position
+        self.get_blobs = events.get_blobs
+        self.close = events.close
+
+    @property
+    def dialect(self) -> str:
+        return self.database.dialect
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the store's writer runs on (for appends from other threads)."""
+        return self.events.loop
+
+    @property
+    def transactions(self) -> int:
+        """Write transactions committed (group commit at work)."""
+        return self.events.transactions
+
+    @property
+    def single_statement_transactions(self) -> int:
+        return self.events.single_statement_transactions
+
+    @property
+    def side_by_side_transactions(self) -> int:
+        return self.events.side_by_side_transactions
+
+    async def __aenter__(self) -> Store:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     # --- capture ------------------------------------------------------------------------
 
@@ -67,8 +128,6 @@ class Store(EventStore):
         See `artstore.capture.rollout` for what is recorded and when it is durable, and
         for `check` (run in the transactions that record the rollout's start and end).
         """
-        from artstore.capture.rollout import rollout, to_json_value
-
         check_model_name(model)
         check_json("scenario", to_json_value(scenario))
         check_names(optional=True, run=run, group_id=group_id, rollout_id=rollout_id)
@@ -110,68 +169,13 @@ class Store(EventStore):
         for rollout_id in rollout_ids:
             check_name("rollout_id", rollout_id)
         check_name("scorer", scorer, optional=True)
-        from artstore.projections.imported import blob_hashes, imported_trajectory, load_bodies
-        from artstore.projections.recorded import recorded_blob_hashes, recorded_trajectory
-        from artstore.projections.trajectories import StoredCalls, build_trajectory
 
-        ids = list(dict.fromkeys(rollout_ids))
-        streams = await self.read_streams(f"rollout-{rollout_id}" for rollout_id in ids)
-        # Imported rollouts (`artstore import`) hold their histories in `trajectory.imported`,
-        # trajectories a loop built itself in `trajectory.recorded`.
-        stored: dict[str, dict[str, Any]] = {"trajectory.imported": {}, "trajectory.recorded": {}}
-        for stream in streams.values():
-            for e in stream:
-                if e.type in stored:
-                    stored[e.type][e.stream_id.removeprefix("rollout-")] = e.decode()
-        imported, recorded = stored["trajectory.imported"], stored["trajectory.recorded"]
-        hashes = blob_hashes(imported.values()) | recorded_blob_hashes(recorded.values())
-        async with self.database.read() as connection:
-            calls = await connection.run_sync(StoredCalls.load, ids)  # parsed one rollout at a time
-            rewards = await latest_rewards(connection, ids, scorer)
-            bodies = await connection.run_sync(load_bodies, hashes)
-        result = {}
-        # Hundreds of thousands of acyclic objects (a Choice per output, a model per
-        # token): built with the collector paused (artstore.collector says why).
-        with collector_paused():
-            for rollout_id in ids:
-                recorded_stream = streams[f"rollout-{rollout_id}"]
-                if not recorded_stream:
-                    raise NotFoundError(f"no rollout {rollout_id!r} in this store")
-                if rollout_id in recorded:
-                    # Without a scorer's reward: the reward the trajectory was recorded with
-                    # (a scorer was named: 0.0, as for any rollout it has not scored).
-                    found = rewards.get(rollout_id)
-                    result[rollout_id] = recorded_trajectory(
-                        recorded[rollout_id],
-                        bodies,
-                        reward=found[0] if found else (None if scorer is None else 0.0),
-                        reward_metrics=found[1] if found else None,
-                    )
-                    continue
-                started = recorded_stream[0].decode()
-                finished = next(
-                    (e.decode() for e in recorded_stream if e.type == "rollout.finished"), None
-                )
-                reward, reward_metrics = rewards.get(rollout_id, (0.0, {}))
-                build = (
-                    partial(imported_trajectory, imported[rollout_id], bodies)
-                    if rollout_id in imported
-                    else partial(build_trajectory, calls.rollout(rollout_id))
-                )
-                result[rollout_id] = build(
-                    reward=reward,
-                    metrics={**(getattr(finished, "metrics", None) or {}), **reward_metrics},
-                    metadata=getattr(finished, "metadata", None) or {},
-                    logs=getattr(finished, "logs", None) or [],
-                    policy_step=getattr(started, "policy_step", None),
-                )
-        return result
+        return await read_trajectories(self.events, list(dict.fromkeys(rollout_ids)), scorer)
 
     # --- maintenance --------------------------------------------------------------------
 
     async def rebuild_projections(self) -> int:
         """Recompute every projection table from the event log; returns the events replayed."""
-        from artstore.projections import rebuild
 
         def locked_rebuild(connection: Connection) -> int:
             # Hold appenders off: an append projected meanwhile would update deleted rows.
@@ -180,24 +184,6 @@ class Store(EventStore):
 
         await self.flush()
         return await self.database.run_write(lambda c: c.run_sync(locked_rebuild))
-
-
-async def latest_rewards(
-    connection: Any, rollout_ids: list[str], scorer: str | None
-) -> dict[str, tuple[float, dict[str, Any]]]:
-    """The latest (reward, metrics) of each rollout by `scorer` (any scorer when None)."""
-    found: dict[str, tuple[float, dict[str, Any]]] = {}
-    for start in range(0, len(rollout_ids), 500):
-        query = (
-            select(t.rewards.c.rollout_id, t.rewards.c.reward, t.rewards.c.metrics)
-            .where(t.rewards.c.rollout_id.in_(rollout_ids[start : start + 500]))
-            .order_by(t.rewards.c.position)
-        )
-        if scorer is not None:
-            query = query.where(t.rewards.c.scorer == scorer)
-        for row in await connection.execute(query):  # later rows replace earlier ones
-            found[row.rollout_id] = (row.reward, dict(row.metrics or {}))
-    return found
 
 
 async def open_store(
@@ -239,13 +225,16 @@ async def open_store(
         raise
     if read_only:  # it never appends: no projector (LangChain and the projections stay unloaded)
         return Store(database)
-    from artstore.capture import credentials
-    from artstore.projections import SideBySide, project, projected_types  # not for `--help`
 
     credentials.install()  # a store that writes learns the keys of the requests sent from now
 
     types = projected_types()
-    return Store(database, projector=project, projected_types=types, side_by_side=SideBySide(types))
+    return Store(
+        database,
+        projector=project,
+        projected_types=types,
+        side_by_side=side_by_side.SideBySide(types),
+    )
 
 
 async def check_readable(database: Database) -> str:

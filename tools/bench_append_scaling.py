@@ -191,7 +191,7 @@ async def _artstore_rollout_writer(url: str, ready, seconds: float, alone: bool)
     from langchain_core.messages import AIMessage, HumanMessage
 
     import artstore
-    from artstore.capture.messages import dump_message
+    from artstore.documents.messages import dump_message
     from artstore.events import LLMCall, RolloutFinished, RolloutStarted
     from artstore.eventstore import blob_hash
 

@@ -412,7 +412,7 @@ from sqlalchemy.engine import make_url
 import artstore
 from artstore.analysis import query
 from artstore.art_versions import parquet_format_version
-from artstore.capture import messages as lc
+from artstore.documents import messages as lc
 from artstore.events import (
     Event,
     GroupSealed,
@@ -428,7 +428,7 @@ from artstore.events import (
 from artstore.eventstore import blob_hash
 from artstore.eventstore.blobs import canonical_json
 from artstore.exchange import export_jsonl, export_parquet, import_path
-from artstore.training.groups import group_id_for
+from artstore.groups import group_id_for
 
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DATABASES = ("sqlite", "postgresql")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from artstore.advantages import group_advantages
 from artstore.errors import NotFoundError
 from artstore.schema.views import view_table
 
@@ -37,8 +38,6 @@ _GROUP_FIELDS = (
 async def group_detail(store: Store, group_id: str) -> Row:
     """The group: where it belongs, its rollouts (rewards per scorer, advantages, tokens,
     messages), and the train steps that consumed it (model, step, scorer)."""
-    from artstore.backends.check_only import group_advantages
-
     groups, rollouts = view_table("v_groups"), view_table("v_rollouts")
     rewards, messages = view_table("v_latest_rewards"), view_table("v_trajectory_messages")
     async with store.database.read() as c:

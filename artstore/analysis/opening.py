@@ -10,6 +10,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from artstore.analysis.ids import resolve_id
+from artstore.analysis.sql import query
+from artstore.store import open_store
+
 if TYPE_CHECKING:
     from artstore.analysis.ids import Kind
     from artstore.analysis.sql import QueryResult
@@ -21,8 +25,6 @@ T = TypeVar("T")
 async def open_for_reading(url: str | None) -> Store:
     """The store at `url` (`$ARTSTORE_URL`, then `.artstore/artstore.db`), opened read-only:
     a missing or foreign database, or an older schema, is one clear error."""
-    from artstore.store import open_store
-
     return await open_store(url, read_only=True)
 
 
@@ -34,8 +36,6 @@ async def read_one(
 ) -> T:
     """`detail(store, id)` of the group or rollout whose id is `given` (or starts with it),
     on the store at `url` opened for reading, closed afterwards."""
-    from artstore.analysis.ids import resolve_id
-
     store = await open_for_reading(url)
     try:
         return await detail(store, await resolve_id(store, kind, given))
@@ -45,6 +45,4 @@ async def read_one(
 
 async def run_sql(store: Store, sql: str) -> QueryResult:
     """One read-only statement, on the same guarded path as `artstore sql`."""
-    from artstore.analysis.sql import query
-
     return await query(store, sql)

@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import and_, func, select
 
+from artstore.analysis.sql import plain
 from artstore.errors import NotFoundError
 from artstore.schema import tables as t
 from artstore.schema.views import view_table
+from artstore.training.lease import trainers_gone
+from artstore.training.overview import PREFERRED_METRICS, list_runs
 
 if TYPE_CHECKING:
     from artstore.store import Store
@@ -31,8 +34,6 @@ def _rows(result: Any) -> list[Row]:
 async def runs_table(store: Store) -> list[Row]:
     """Every run, as `artstore runs` lists it (`stale` included), with its tokens, its
     failures (rollouts and train steps) and its reward per policy step (a sparkline)."""
-    from artstore.training.overview import list_runs
-
     listed = await list_runs(store)
     runs, steps = view_table("v_runs"), view_table("v_train_steps")
     async with store.database.read() as c:
@@ -98,8 +99,6 @@ async def run_names(store: Store) -> list[str]:
 
 async def run_row(store: Store, run: str) -> Row:
     """The run's `v_runs` row, with `stale` for a running run whose trainer is gone."""
-    from artstore.training.lease import trainers_gone
-
     runs = view_table("v_runs")
     async with store.database.read() as c:
         found = (await c.execute(select(runs).where(runs.c.run == run))).first()
@@ -194,8 +193,6 @@ async def step_metrics(store: Store, run: str) -> list[Row]:
 
 
 def _metric_order(key: tuple[str, str]) -> tuple[str, int, str]:
-    from artstore.training.overview import PREFERRED_METRICS
-
     model, metric = key
     preferred = PREFERRED_METRICS.index(metric) if metric in PREFERRED_METRICS else 99
     return (model, preferred, metric)
@@ -249,8 +246,6 @@ async def usage_per_step(store: Store, run: str) -> list[Row]:
 
 def _numbers(mapping: Any) -> Row:
     """PostgreSQL's sums and averages come as Decimal: plain ints and floats for JSON."""
-    from artstore.analysis.sql import plain
-
     return {key: plain(value) for key, value in mapping.items() if key != "policy_step"}
 
 

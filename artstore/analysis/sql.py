@@ -54,6 +54,7 @@ from artstore.errors import (
     QueryRefusedError,
     ResultTooLargeError,
 )
+from artstore.eventstore.blobs import canonical_json
 from artstore.eventstore.database import USER_QUERY_ROW_BYTES, Database, database_class_named
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -468,8 +469,6 @@ def plain(value: Any) -> Any:
             return int(value)
         return float(value)
     if isinstance(value, dict | list):
-        from artstore.eventstore.blobs import canonical_json
-
         return canonical_json(value)
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value).hex()

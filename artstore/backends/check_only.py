@@ -15,30 +15,33 @@
 - Inference is not served here: `_prepare_backend_for_training` returns the URL and key
   given to the constructor (a local OpenAI-compatible test server, for instance).
 
-`art` itself is imported lazily (it is slow to import): `group_advantages` is usable
-without it, e.g. by `artstore replay --dry-run`.
+`art` itself is imported lazily (it is slow to import). ART's advantages are computed by
+`artstore.advantages.group_advantages`, which `artstore replay --dry-run` and the analysis
+pages use without a backend.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from artstore.advantages import group_advantages
 from artstore.art_versions import (
     NEW_TRAIN_KEYWORDS,
     check_exchange_trajectory,
     has_exchange_data,
     lineage_name,
-    rewards_have_zero_variance,
     train_keywords_of_this_art,
 )
 
@@ -54,6 +57,7 @@ __all__ = [
     "CheckOnlyBackend",
     "TrajectoryCheckError",
     "group_advantages",
+    "trajectory_digest",
 ]
 
 #: File written into every checkpoint directory (the step's record: metrics, advantages).
@@ -64,41 +68,18 @@ CHECKPOINT_FILE = "check_only.json"
 #: connection error instead of reaching some unrelated server.
 NO_SERVER_BASE_URL = "http://127.0.0.1:9/v1"
 
-# ART's epsilon in the advantage denominator (art/preprocessing/tokenize.py, line 256).
-_STD_EPSILON = 1e-6
 # How many problems a TrajectoryCheckError lists before summarising the rest.
 _MAX_REPORTED_PROBLEMS = 10
 
 
-def group_advantages(rewards: Sequence[float], scale_rewards: bool = True) -> list[float]:
-    """ART's GRPO advantages for one group, in the order of `rewards`.
-
-    Mirrors `tokenize_trajectory_groups` in art/preprocessing/tokenize.py (lines 246-257):
-    advantage = reward - mean(rewards), divided by (population std + 1e-6) when
-    `scale_rewards`. A group whose rewards are all equal (or that has one trajectory) gets
-    exact zeros: it has no reward spread and ART trains nothing on it (ART drops
-    zero-advantage trajectories, and its metrics call such a group untrainable). ART's own
-    float arithmetic can leave ~1e-11 residues there (mean of [0.1, 0.1, 0.1] is not 0.1);
-    we return 0.0, which is what ART means.
-    """
-    values = [float(r) for r in rewards]
-    for index, value in enumerate(values):
-        if not math.isfinite(value):
-            raise ValueError(f"reward {index} is {value!r}; rewards must be finite numbers")
-    n = len(values)
-    if n == 0:
-        return []
-    if rewards_have_zero_variance(values):
-        return [0.0] * n
-    mean = sum(values) / n
-    std = math.sqrt(sum((value - mean) ** 2 for value in values) / n)
-    advantages = []
-    for value in values:
-        advantage = value - mean
-        if scale_rewards:
-            advantage /= std + _STD_EPSILON
-        advantages.append(advantage)
-    return advantages
+def trajectory_digest(trajectory: Trajectory) -> str:
+    """A hash of a trajectory's conversation (messages and choices, additional histories,
+    tools), blind to its ids, reward, metadata and times."""
+    conversation = trajectory.model_dump(
+        mode="json", include={"messages_and_choices", "additional_histories", "tools"}
+    )
+    text = json.dumps(conversation, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class TrajectoryCheckError(ValueError):
@@ -143,7 +124,6 @@ def _check_trajectory(
     Choice serialised to a dict has no "role" and would crash ART's tokenizer (KeyError), so
     it is always a problem.
     """
-    from openai.types.chat.chat_completion import Choice
 
     if has_exchange_data(trajectory):
         if (
@@ -172,34 +152,13 @@ def _check_trajectory(
     tokens = 0
     for where, items in histories:
         for k, item in enumerate(items):
-            if isinstance(item, Choice):
-                logprobs = item.logprobs
-                token_logprobs = (logprobs.content or logprobs.refusal or []) if logprobs else []
-                if token_logprobs:
-                    trainable = True
-                    tokens += len(token_logprobs)
-                elif allow_without_logprobs:
-                    trainable = True
-                elif logprobs is None:
-                    notes.append(f"{where}[{k}] is a Choice without logprobs")
-                else:
-                    notes.append(f"{where}[{k}] is a Choice whose logprobs hold no tokens")
-            elif isinstance(item, dict):
-                if _looks_like_serialized_choice(item):
-                    fatal.append(
-                        f"{where}[{k}] is a Choice serialised as a plain dict "
-                        "(keys message/logprobs, no role), which is not trainable"
-                    )
-                elif item.get("role") == "assistant":
-                    if allow_without_logprobs:
-                        trainable = True
-                    else:
-                        notes.append(f"{where}[{k}] is an assistant message as a plain dict")
-            else:
-                fatal.append(
-                    f"{where}[{k}] is a {type(item).__name__}, neither a message dict "
-                    "nor an openai Choice"
-                )
+            item_trainable, item_tokens, note, problem = _check_item(
+                f"{where}[{k}]", item, allow_without_logprobs
+            )
+            trainable = trainable or item_trainable
+            tokens += item_tokens
+            notes.extend([note] if note else [])
+            fatal.extend([problem] if problem else [])
     if fatal:
         return "; ".join(fatal), tokens
     if not trainable:
@@ -209,6 +168,161 @@ def _check_trajectory(
         detail = "; ".join(notes) if notes else "it has no assistant turn at all"
         return f"{what} ({detail})", tokens
     return "", tokens
+
+
+def _check_item(
+    label: str, item: Any, allow_without_logprobs: bool
+) -> tuple[bool, int, str | None, str | None]:
+    """One item of a history: (trainable, its logprob tokens, a note on why it is not
+    trainable, a problem that makes the whole trajectory untrainable)."""
+    from openai.types.chat.chat_completion import Choice
+
+    if isinstance(item, Choice):
+        logprobs = item.logprobs
+        token_logprobs = (logprobs.content or logprobs.refusal or []) if logprobs else []
+        if token_logprobs:
+            return True, len(token_logprobs), None, None
+        if allow_without_logprobs:
+            return True, 0, None, None
+        if logprobs is None:
+            return False, 0, f"{label} is a Choice without logprobs", None
+        return False, 0, f"{label} is a Choice whose logprobs hold no tokens", None
+    if isinstance(item, dict):
+        if _looks_like_serialized_choice(item):
+            return (
+                False,
+                0,
+                None,
+                f"{label} is a Choice serialised as a plain dict "
+                "(keys message/logprobs, no role), which is not trainable",
+            )
+        if item.get("role") == "assistant":
+            if allow_without_logprobs:
+                return True, 0, None, None
+            return False, 0, f"{label} is an assistant message as a plain dict", None
+        return False, 0, None, None
+    return (
+        False,
+        0,
+        None,
+        f"{label} is a {type(item).__name__}, neither a message dict nor an openai Choice",
+    )
+
+
+# What a step does not record of `train`'s arguments: those that are not keyword arguments
+# of the trainer, the two that must be None, and `verbose`.
+_NOT_RECORDED = frozenset(
+    {"self", "model", "trajectory_groups", "loss_fn_config", "adam_params", "verbose"}
+)
+
+
+@dataclass
+class _CheckedGroups:
+    """The groups of a train step, checked, with ART's advantages and what it would train."""
+
+    advantages: list[list[float]] = field(default_factory=list)
+    tokens: int = 0
+    trainable_trajectories: int = 0
+    groups_trainable: int = 0
+    groups_no_spread: int = 0
+    groups_empty: int = 0
+    rewards: list[float] = field(default_factory=list)
+    abs_advantages: list[float] = field(default_factory=list)
+
+
+def _check_groups(
+    groups: list[TrajectoryGroup],
+    allow_training_without_logprobs: bool,
+    inference_name: str,
+    *,
+    scale_rewards: bool,
+) -> _CheckedGroups:
+    """Every trajectory of every group checked (TrajectoryCheckError lists each problem),
+    and ART's advantages of each group."""
+    problems: list[str] = []
+    checked = _CheckedGroups()
+    for g, group in enumerate(groups):
+        trajectories = list(group.trajectories)
+        rewards = [t.reward for t in trajectories]
+        for t, reward in enumerate(rewards):
+            if not math.isfinite(reward):
+                problems.append(f"group {g}, trajectory {t}: reward is {reward!r}")
+        checks = [
+            _check_trajectory(trajectory, allow_training_without_logprobs, inference_name)
+            for trajectory in trajectories
+        ]
+        problems.extend(
+            f"group {g}, trajectory {t}: {problem}"
+            for t, (problem, _) in enumerate(checks)
+            if problem
+        )
+        if problems:
+            checked.advantages.append([])
+            continue  # keep checking the rest, to report every problem at once
+        group_adv = group_advantages(rewards, scale_rewards=scale_rewards)
+        checked.advantages.append(group_adv)
+        checked.rewards.extend(rewards)
+        if not trajectories:
+            checked.groups_empty += 1
+        elif not any(group_adv):
+            checked.groups_no_spread += 1
+        else:
+            checked.groups_trainable += 1
+        for advantage, (_, tokens) in zip(group_adv, checks, strict=True):
+            # ART drops zero-advantage trajectories before tokenizing (tokenize.py:257).
+            if advantage != 0:
+                checked.trainable_trajectories += 1
+                checked.tokens += tokens
+                checked.abs_advantages.append(abs(advantage))
+    if problems:
+        raise TrajectoryCheckError(problems)
+    return checked
+
+
+def _step_metrics(
+    groups: list[TrajectoryGroup],
+    checked: _CheckedGroups,
+    started: float,
+    train_kwargs: dict[str, Any],
+) -> dict[str, float]:
+    """ART's own step metrics (what LocalBackend.train returns, so dashboards match), and
+    this backend's accounting (logged as train/<name> by model.log)."""
+    from art.metrics_taxonomy import (
+        TRAIN_GRADIENT_STEPS_KEY,
+        build_training_summary_metrics,
+        summarize_trajectory_groups,
+    )
+
+    rewards = checked.rewards
+    reward_mean = sum(rewards) / len(rewards) if rewards else 0.0
+    reward_std = (
+        math.sqrt(sum((r - reward_mean) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0
+    )
+    return {
+        **build_training_summary_metrics(
+            summarize_trajectory_groups(groups), include_trainable_groups=True
+        ),
+        "data/step_trainer_tokens": float(checked.tokens),
+        # Honest: no gradient step is taken, and there is no loss to report.
+        TRAIN_GRADIENT_STEPS_KEY: 0.0,
+        "time/step_trainer_s": time.monotonic() - started,
+        "num_groups": float(len(groups)),
+        "num_groups_trainable": float(checked.groups_trainable),
+        "num_groups_skipped_no_reward_spread": float(checked.groups_no_spread),
+        "num_groups_empty": float(checked.groups_empty),
+        "num_trajectories": float(sum(len(group.trajectories) for group in groups)),
+        "num_trajectories_trainable": float(checked.trainable_trajectories),
+        "num_trainable_tokens": float(checked.tokens),
+        "mean_abs_advantage": (
+            sum(checked.abs_advantages) / len(checked.abs_advantages)
+            if checked.abs_advantages
+            else 0.0
+        ),
+        "reward_mean": reward_mean,
+        "reward_std": reward_std,
+        "learning_rate": float(train_kwargs["learning_rate"]),
+        "scale_rewards": float(train_kwargs["scale_rewards"]),
+    }
 
 
 class CheckOnlyBackend:
@@ -431,153 +545,41 @@ class CheckOnlyBackend:
         there, `save_checkpoint=False` still writes the step directory (the step is the
         directory) and only makes `checkpoint_path` None.
         """
-        from art.metrics_taxonomy import (
-            TRAIN_GRADIENT_STEPS_KEY,
-            build_training_summary_metrics,
-            summarize_trajectory_groups,
-        )
+        arguments = dict(locals())  # first: the keyword arguments, as given
         from art.types import LocalTrainResult
 
         started = time.monotonic()
         groups = list(trajectory_groups)
-        given = {
-            "kl_penalty_source": kl_penalty_source,
-            "optimizer_save_interval": optimizer_save_interval,
-            "final_training_step": final_training_step,
-            "grad_accumulation_sequences": grad_accumulation_sequences,
-        }
-        for keyword, value in given.items():
-            if keyword not in train_keywords_of_this_art() and value != NEW_TRAIN_KEYWORDS[keyword]:
-                raise TypeError(f"train() got an unexpected keyword argument {keyword!r}")
-        # Argument checks of LocalBackend.train.
-        if loss_fn not in {"cispo", "ppo"}:
-            raise ValueError(
-                "CheckOnlyBackend, like LocalBackend, only supports loss_fn='cispo' or 'ppo'."
-            )
-        if loss_fn_config is not None:
-            raise ValueError("CheckOnlyBackend, like LocalBackend, requires loss_fn_config=None.")
-        if adam_params is not None:
-            raise ValueError("CheckOnlyBackend, like LocalBackend, requires adam_params=None.")
-        if not normalize_advantages:
-            scale_rewards = False
-        if kl_penalty_source not in {"current_learner", "sample"}:
-            raise ValueError("kl_penalty_source must be 'current_learner' or 'sample'")
-        if kl_ref_adapter_path is None and kl_penalty_reference_step is not None:
-            reference = self.checkpoint_dir(model, kl_penalty_reference_step)
-            if not reference.is_dir():
-                raise FileNotFoundError(f"KL reference checkpoint {reference} does not exist")
-
-        problems: list[str] = []
-        advantages: list[list[float]] = []
-        num_tokens = 0
-        num_trainable_trajectories = 0
-        num_groups_trainable = 0
-        num_groups_no_spread = 0
-        num_groups_empty = 0
-        all_rewards: list[float] = []
-        abs_advantages: list[float] = []
-        for g, group in enumerate(groups):
-            trajectories = list(group.trajectories)
-            rewards = [t.reward for t in trajectories]
-            for t, reward in enumerate(rewards):
-                if not math.isfinite(reward):
-                    problems.append(f"group {g}, trajectory {t}: reward is {reward!r}")
-            checks = [
-                _check_trajectory(
-                    trajectory,
-                    allow_training_without_logprobs,
-                    self._model_inference_name(model),
-                )
-                for trajectory in trajectories
-            ]
-            problems.extend(
-                f"group {g}, trajectory {t}: {problem}"
-                for t, (problem, _) in enumerate(checks)
-                if problem
-            )
-            if problems:
-                advantages.append([])
-                continue  # keep checking the rest, to report every problem at once
-            group_adv = group_advantages(rewards, scale_rewards=scale_rewards)
-            advantages.append(group_adv)
-            all_rewards.extend(rewards)
-            if not trajectories:
-                num_groups_empty += 1
-            elif not any(group_adv):
-                num_groups_no_spread += 1
-            else:
-                num_groups_trainable += 1
-            for advantage, (_, tokens) in zip(group_adv, checks, strict=True):
-                # ART drops zero-advantage trajectories before tokenizing (tokenize.py:257).
-                if advantage != 0:
-                    num_trainable_trajectories += 1
-                    num_tokens += tokens
-                    abs_advantages.append(abs(advantage))
-        if problems:
-            raise TrajectoryCheckError(problems)
-
-        reward_mean = sum(all_rewards) / len(all_rewards) if all_rewards else 0.0
-        reward_std = (
-            math.sqrt(sum((r - reward_mean) ** 2 for r in all_rewards) / len(all_rewards))
-            if all_rewards
-            else 0.0
+        train_kwargs = self._checked_train_kwargs(model, arguments)
+        checked = _check_groups(
+            groups,
+            allow_training_without_logprobs,
+            self._model_inference_name(model),
+            scale_rewards=train_kwargs["scale_rewards"],
         )
-        metrics: dict[str, float] = {
-            # ART's own step metrics (what LocalBackend.train returns), so dashboards match.
-            **build_training_summary_metrics(
-                summarize_trajectory_groups(groups), include_trainable_groups=True
-            ),
-            "data/step_trainer_tokens": float(num_tokens),
-            # Honest: no gradient step is taken, and there is no loss to report.
-            TRAIN_GRADIENT_STEPS_KEY: 0.0,
-            "time/step_trainer_s": time.monotonic() - started,
-            # This backend's own accounting (logged as train/<name> by model.log).
-            "num_groups": float(len(groups)),
-            "num_groups_trainable": float(num_groups_trainable),
-            "num_groups_skipped_no_reward_spread": float(num_groups_no_spread),
-            "num_groups_empty": float(num_groups_empty),
-            "num_trajectories": float(sum(len(group.trajectories) for group in groups)),
-            "num_trajectories_trainable": float(num_trainable_trajectories),
-            "num_trainable_tokens": float(num_tokens),
-            "mean_abs_advantage": (
-                sum(abs_advantages) / len(abs_advantages) if abs_advantages else 0.0
-            ),
-            "reward_mean": reward_mean,
-            "reward_std": reward_std,
-            "learning_rate": float(learning_rate),
-            "scale_rewards": float(scale_rewards),
-        }
+        metrics = _step_metrics(groups, checked, started, train_kwargs)
+        step, checkpoint = self._record_step(model, groups, checked, metrics, train_kwargs)
+        if verbose:
+            print(
+                f"[CheckOnlyBackend] step {step}: {checked.groups_trainable}/{len(groups)} "
+                f"groups trainable, {checked.trainable_trajectories} trajectories, "
+                f"{checked.tokens} tokens"
+            )
+        return LocalTrainResult(
+            step=step,
+            metrics=metrics,
+            checkpoint_path=str(checkpoint) if save_checkpoint else None,
+        )
 
-        train_kwargs = {
-            "learning_rate": learning_rate,
-            "loss_fn": loss_fn,
-            "normalize_advantages": normalize_advantages,
-            "kl_penalty_coef": kl_penalty_coef,
-            "kl_penalty_reference_step": kl_penalty_reference_step,
-            "kl_ref_adapter_path": kl_ref_adapter_path,
-            "epsilon": epsilon,
-            "epsilon_high": epsilon_high,
-            "advantage_balance": advantage_balance,
-            "scale_rewards": scale_rewards,
-            "importance_sampling_level": importance_sampling_level,
-            "max_negative_advantage_importance_sampling_weight": (
-                max_negative_advantage_importance_sampling_weight
-            ),
-            "mask_prob_ratio": mask_prob_ratio,
-            "kimi_k2_tau": kimi_k2_tau,
-            "precalculate_logprobs": precalculate_logprobs,
-            "allow_training_without_logprobs": allow_training_without_logprobs,
-            "plot_tensors": plot_tensors,
-            "truncated_importance_sampling": truncated_importance_sampling,
-            "scale_learning_rate_by_reward_std_dev": scale_learning_rate_by_reward_std_dev,
-            "logprob_calculation_chunk_size": logprob_calculation_chunk_size,
-            "packed_sequence_length": packed_sequence_length,
-            "num_trajectories_learning_rate_multiplier_power": (
-                num_trajectories_learning_rate_multiplier_power
-            ),
-            "save_checkpoint": save_checkpoint,
-            **{k: v for k, v in given.items() if k in train_keywords_of_this_art()},
-        }
+    def _record_step(
+        self,
+        model: TrainableModel,
+        groups: list[TrajectoryGroup],
+        checked: _CheckedGroups,
+        metrics: dict[str, float],
+        train_kwargs: dict[str, Any],
+    ) -> tuple[int, Path]:
+        """The next step, written as its checkpoint directory: (the step, the directory)."""
         # No await between reading the step and writing the next one, so concurrent train
         # calls in one event loop cannot race; another process loses at the rename.
         step = self._current_step(model) + 1
@@ -590,24 +592,53 @@ class CheckOnlyBackend:
                 "backend": type(self).__name__,
                 "created_at": datetime.now(UTC).isoformat(),
                 "metrics": metrics,
-                "advantages": advantages,
+                "advantages": checked.advantages,
                 # Group metadata lets a reconciler see which groups made this step.
                 "group_metadata": [dict(group.metadata) for group in groups],
+                # What each trajectory says, hashed: a copy trained again under other ids
+                # is still seen as trained twice (tests/matrix/invariants.py).
+                "trajectory_digests": [
+                    [trajectory_digest(t) for t in group.trajectories] for group in groups
+                ],
                 "train_kwargs": train_kwargs,
             },
         )
-        self.last_advantages = advantages
+        self.last_advantages = checked.advantages
         self.last_metrics = metrics
-        if verbose:
-            print(
-                f"[CheckOnlyBackend] step {step}: {num_groups_trainable}/{len(groups)} groups "
-                f"trainable, {num_trainable_trajectories} trajectories, {num_tokens} tokens"
+        return step, checkpoint
+
+    def _checked_train_kwargs(self, model: Model, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The keyword arguments of `train` as the step records them, refused where
+        LocalBackend.train refuses them (a keyword this ART's trainer does not take is a
+        TypeError, as it would be there)."""
+        for keyword, default in NEW_TRAIN_KEYWORDS.items():
+            if keyword not in train_keywords_of_this_art() and arguments[keyword] != default:
+                raise TypeError(f"train() got an unexpected keyword argument {keyword!r}")
+        # Argument checks of LocalBackend.train.
+        if arguments["loss_fn"] not in {"cispo", "ppo"}:
+            raise ValueError(
+                "CheckOnlyBackend, like LocalBackend, only supports loss_fn='cispo' or 'ppo'."
             )
-        return LocalTrainResult(
-            step=step,
-            metrics=metrics,
-            checkpoint_path=str(checkpoint) if save_checkpoint else None,
-        )
+        if arguments["loss_fn_config"] is not None:
+            raise ValueError("CheckOnlyBackend, like LocalBackend, requires loss_fn_config=None.")
+        if arguments["adam_params"] is not None:
+            raise ValueError("CheckOnlyBackend, like LocalBackend, requires adam_params=None.")
+        if arguments["kl_penalty_source"] not in {"current_learner", "sample"}:
+            raise ValueError("kl_penalty_source must be 'current_learner' or 'sample'")
+        reference_step = arguments["kl_penalty_reference_step"]
+        if arguments["kl_ref_adapter_path"] is None and reference_step is not None:
+            reference = self.checkpoint_dir(model, reference_step)
+            if not reference.is_dir():
+                raise FileNotFoundError(f"KL reference checkpoint {reference} does not exist")
+        recorded = {
+            keyword: value
+            for keyword, value in arguments.items()
+            if keyword not in _NOT_RECORDED and keyword not in NEW_TRAIN_KEYWORDS
+        }
+        if not arguments["normalize_advantages"]:
+            recorded["scale_rewards"] = False
+        new = train_keywords_of_this_art()
+        return recorded | {k: arguments[k] for k in NEW_TRAIN_KEYWORDS if k in new}
 
     def _train_sft(
         self,

@@ -3,7 +3,7 @@
 `store.rollout(model, scenario=...)` opens a rollout (`artstore.capture.rollout`). Inside
 it, OpenAI-compatible HTTP calls are recorded from their bytes (`artstore.capture.http`;
 `unrecorded()` leaves calls out), and `artstore.langgraph` records LangGraph agents.
-`artstore.capture.exchanges` says how an HTTP call is stored and rebuilt,
+`artstore.documents.exchanges` says how an HTTP call is stored and rebuilt,
 `artstore.capture.matching` how two records of one call are told to be the same, and
 `artstore.capture.group` how the calls of a group rolled out at once (ART's
 PipelineTrainer) are given to its trajectories.

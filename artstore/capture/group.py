@@ -24,27 +24,25 @@ A call made inside a rollout's block (the rollout function records its rollouts 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from artstore.art_versions import EXCHANGE_ENDPOINTS, captured_exchanges, has_exchange_data
+from artstore.capture import http
 from artstore.capture.matching import choice_key
-from artstore.capture.rollout import CallTarget
+from artstore.capture.targets import CURRENT_GROUP, CallTarget
+from artstore.documents import exchanges
 from artstore.errors import NoRolloutError
 from artstore.events import LLMCall
 from artstore.redaction import Redactor
 
-_CURRENT: contextvars.ContextVar[GroupCapture | None] = contextvars.ContextVar(
-    "artstore_current_group", default=None
-)
-
 
 def current_group() -> GroupCapture | None:
     """The group capture the caller runs in, if any (and it is still open)."""
-    found = _CURRENT.get()
+    found = CURRENT_GROUP.get()
     return found if found is not None and not found.closed else None
 
 
@@ -77,7 +75,7 @@ class GroupCapture(CallTarget):
         self.calls: list[CapturedCall] = []
         self.error: Exception | None = None  # a call that could not be recorded
 
-    def _submit_call(
+    def submit_call(
         self,
         make: Callable[[], tuple[LLMCall, dict[str, str], list[str]]],
         origin: asyncio.Task | None = None,
@@ -85,10 +83,10 @@ class GroupCapture(CallTarget):
         if self.closed:
             raise NoRolloutError("the group's rollout function has returned")
         event, blobs, _ = make()
-        with self._numbering:
+        with self.numbering:
             self.calls.append(CapturedCall(event, blobs, origin))
 
-    def _capture_failed(self, error: Exception) -> None:
+    def capture_failed(self, error: Exception) -> None:
         if self.error is None:
             self.error = error
 
@@ -120,16 +118,14 @@ async def capture_group(model: Any) -> AsyncIterator[GroupCapture]:
 
     A call that could not be recorded is raised when the block exits, as a rollout's is.
     """
-    from artstore.capture import http
-
     http.install()
     capture = GroupCapture(model)
-    token = _CURRENT.set(capture)
+    token = CURRENT_GROUP.set(capture)
     try:
         yield capture
     finally:
-        _CURRENT.reset(token)
-        capture._end_open_calls()  # streams nobody read to the end: calls that did not complete
+        CURRENT_GROUP.reset(token)
+        capture.end_open_calls()  # streams nobody read to the end: calls that did not complete
         capture.closed = True
     if capture.error is not None:
         raise capture.error
@@ -162,8 +158,6 @@ def _answer_keys(trajectory: Any) -> list[str]:
     """The keys of the answers a trajectory holds: its Choices, its exchanges' responses."""
     from openai.types.chat.chat_completion import Choice
 
-    from artstore.art_versions import EXCHANGE_ENDPOINTS, captured_exchanges, has_exchange_data
-
     histories = [trajectory.messages_and_choices]
     histories += [h.messages_and_choices for h in trajectory.additional_histories]
     keys = [f"choice:{choice_key(i)}" for h in histories for i in h if isinstance(i, Choice)]
@@ -178,8 +172,6 @@ def _answer_keys(trajectory: Any) -> list[str]:
 
 def _call_keys(call: CapturedCall) -> list[str]:
     """The keys of a call's answer: its response id, then each choice of its response."""
-    from artstore.capture import exchanges
-
     event = call.event
     if event.output is None or event.error_type is not None:
         return []  # a failed call answered nothing

@@ -53,19 +53,17 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from artstore import art_versions
 from artstore.capture import credentials, matching
-from artstore.capture import exchanges as docs
+from artstore.capture.targets import CallTarget, current_target
+from artstore.documents import exchanges as docs
 from artstore.errors import NoRolloutError
 from artstore.events import LLMCall, new_id
 from artstore.eventstore.blobs import blob_hash, blob_json
-
-if TYPE_CHECKING:
-    from artstore.capture.rollout import CallTarget
 
 logger = logging.getLogger(__name__)
 
@@ -140,12 +138,14 @@ def install() -> None:
 
 
 def _hook_httpx() -> None:
+    _hook_send()
+    _hook_response()
+
+
+def _hook_send() -> None:
+    """httpx's clients send through a capture: a request, its response or its error."""
     original_send = httpx.Client.send
     original_async_send = httpx.AsyncClient.send
-    original_iter = httpx.Response.iter_bytes
-    original_aiter = httpx.Response.aiter_bytes
-    original_close = httpx.Response.close
-    original_aclose = httpx.Response.aclose
 
     def send(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
         capture = _begin(request)
@@ -172,6 +172,17 @@ def _hook_httpx() -> None:
             raise
         capture.received(response, streaming=bool(kwargs.get("stream")))
         return response
+
+    httpx.Client.send = send  # type: ignore[method-assign]
+    httpx.AsyncClient.send = async_send  # type: ignore[method-assign]
+
+
+def _hook_response() -> None:
+    """A streamed response's bytes go to its capture as they are read; closing ends it."""
+    original_iter = httpx.Response.iter_bytes
+    original_aiter = httpx.Response.aiter_bytes
+    original_close = httpx.Response.close
+    original_aclose = httpx.Response.aclose
 
     def iter_bytes(self: httpx.Response, chunk_size: int | None = None) -> Iterator[bytes]:
         capture: _Capture | None = getattr(self, _CAPTURE, None)
@@ -224,8 +235,6 @@ def _hook_httpx() -> None:
         if capture is not None:
             capture.finish()
 
-    httpx.Client.send = send  # type: ignore[method-assign]
-    httpx.AsyncClient.send = async_send  # type: ignore[method-assign]
     httpx.Response.iter_bytes = iter_bytes  # type: ignore[method-assign]
     httpx.Response.aiter_bytes = aiter_bytes  # type: ignore[method-assign]
     httpx.Response.close = close  # type: ignore[method-assign]
@@ -235,15 +244,12 @@ def _hook_httpx() -> None:
 def _begin(request: httpx.Request) -> _Capture | None:
     """A capture for `request` when it is an LLM call of the current rollout (or of the
     group being rolled out, `artstore.capture.group`), else None."""
-    from artstore.capture.group import current_group
-    from artstore.capture.rollout import current_rollout
-
-    rollout = current_rollout() or current_group()
+    rollout = current_target()
     try:
         return _capture_for(rollout, request)
     except Exception as exc:  # never the agent's problem; the rollout's block raises it
         if rollout is not None:
-            rollout._capture_failed(exc)
+            rollout.capture_failed(exc)
         return None
 
 
@@ -302,7 +308,7 @@ class _Capture:
             self._received(response, streaming=streaming)
         except Exception as exc:  # never the agent's problem; the rollout's block raises it
             self.done = True
-            self.rollout._capture_failed(exc)
+            self.rollout.capture_failed(exc)
 
     def _received(self, response: httpx.Response, *, streaming: bool) -> None:
         self.status = response.status_code
@@ -312,8 +318,8 @@ class _Capture:
                 self.finish()
                 return
         setattr(response, _CAPTURE, self)  # the body is recorded as it is read
-        with self.rollout._numbering:
-            self.rollout._open_calls.add(self)
+        with self.rollout.numbering:
+            self.rollout.open_calls.add(self)
 
     def add(self, chunk: bytes) -> None:
         if self.done:
@@ -322,7 +328,7 @@ class _Capture:
             self._add(chunk)
         except Exception as exc:  # never the agent's problem; the rollout's block raises it
             self.done = True
-            self.rollout._capture_failed(exc)
+            self.rollout.capture_failed(exc)
 
     def _add(self, chunk: bytes) -> None:
         start = max(0, len(self.body) - 32)
@@ -342,15 +348,15 @@ class _Capture:
             if self.done:
                 return
             self.done = True
-        with self.rollout._numbering:
-            self.rollout._open_calls.discard(self)
+        with self.rollout.numbering:
+            self.rollout.open_calls.discard(self)
         finished_at = datetime.now(UTC)
         latency_s = time.perf_counter() - self.clock
         body, self.body = bytes(self.body), bytearray()
         if not self.recording and not self._kept(self._failure(body, error) is not None):
             return
         try:
-            self.rollout._submit_call(
+            self.rollout.submit_call(
                 lambda: self._event(body, error, finished_at, latency_s), self.origin
             )
         except NoRolloutError:
@@ -360,7 +366,7 @@ class _Capture:
                 self.rollout.id,
             )
         except Exception as exc:
-            self.rollout._capture_failed(exc)
+            self.rollout.capture_failed(exc)
 
     def _kept(self, failed: bool) -> bool:
         """Whether a call made in `unrecorded()` or `attempts()` is recorded from HTTP."""
@@ -481,7 +487,7 @@ class _Capture:
         """Whether ART's own capture took this call, with ART's start and end times."""
         if self.art_target is None:
             return {}
-        exchange = self.rollout._claim_art_exchange(self.art_target, self.endpoint, response_id)
+        exchange = self.rollout.claim_art_exchange(self.art_target, self.endpoint, response_id)
         if exchange is None:
             return {}
         return {

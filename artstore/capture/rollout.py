@@ -45,8 +45,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
-from artstore.capture import matching
-from artstore.capture import messages as lc
+from artstore.capture import http, matching
+from artstore.capture.targets import CURRENT_ROLLOUT, CallTarget
+from artstore.documents import messages as lc
 from artstore.errors import InvalidEventError, NoRolloutError, StorageFullError
 from artstore.events import (
     LLMCall,
@@ -56,7 +57,7 @@ from artstore.events import (
     new_id,
 )
 from artstore.eventstore.blobs import blob_hash, blob_json, canonical_json
-from artstore.eventstore.store import follows
+from artstore.eventstore.records import follows
 from artstore.redaction import Redactor, redact_url
 
 if TYPE_CHECKING:
@@ -66,10 +67,6 @@ if TYPE_CHECKING:
 
 # Checks the start and the end of a rollout in the transactions that record them.
 RolloutCheck = Callable[["Connection", "RolloutStarted | RolloutFinished | RolloutFailed"], None]
-
-CURRENT_ROLLOUT: contextvars.ContextVar[Rollout | None] = contextvars.ContextVar(
-    "artstore_current_rollout", default=None
-)
 
 
 def current_rollout() -> Rollout | None:
@@ -106,54 +103,6 @@ def to_json_value(value: Any) -> Any:
 def _openai_tools(tools: Sequence[Any]) -> list[dict[str, Any]]:
     """OpenAI tool dicts as ART records them (LangChain tools and schemas are converted)."""
     return [t if isinstance(t, dict) else convert_to_openai_tool(t) for t in tools]
-
-
-class CallTarget:
-    """What the HTTP capture (`artstore.capture.http`) records a call into: a rollout, or
-    the calls of a group being rolled out (`artstore.capture.group`).
-
-    The capture builds each call's event in the thread that saw it end and hands it to
-    `_submit_call`; `origin` is the asyncio task that sent the request (None in a thread).
-    """
-
-    id: str
-    redact: Redactor
-    closed: bool
-
-    def __init__(self) -> None:
-        self._numbering = threading.Lock()  # calls are numbered by whatever thread records
-        self._claimed_exchanges: set[int] = set()  # ART exchanges matched to a call
-        self._open_calls: set[Any] = set()  # HTTP calls whose response is not complete yet
-
-    def _submit_call(
-        self,
-        make: Callable[[], tuple[LLMCall, dict[str, str], list[str]]],
-        origin: asyncio.Task | None = None,
-    ) -> None:
-        raise NotImplementedError
-
-    def _capture_failed(self, error: Exception) -> None:
-        raise NotImplementedError
-
-    def _claim_art_exchange(self, trajectory: Any, endpoint: str, response_id: str | None):
-        """The exchange ART captured for this call (the newest unclaimed one with its id)."""
-        from artstore.art_versions import captured_exchanges
-
-        with self._numbering:
-            for exchange in reversed(captured_exchanges(trajectory, endpoint)):
-                if id(exchange) in self._claimed_exchanges:
-                    continue
-                if getattr(exchange.response, "id", None) == response_id:
-                    self._claimed_exchanges.add(id(exchange))
-                    return exchange
-        return None
-
-    def _end_open_calls(self) -> None:
-        """Streams still open when the block exits: recorded as calls that did not complete."""
-        with self._numbering:
-            open_calls, self._open_calls = list(self._open_calls), set()
-        for call in open_calls:
-            call.finish()
 
 
 class Rollout(CallTarget):
@@ -260,13 +209,13 @@ class Rollout(CallTarget):
         this record supersedes the last of them if that has the same outcome (an answer,
         or a failure), and no other.
         """
-        self._submit_call(
+        self.submit_call(
             lambda: self._llm_call_event(
                 input, output, tools, call_id, started_at, latency_s, error, attempts
             )
         )
 
-    def _submit_call(
+    def submit_call(
         self,
         make: Callable[[], tuple[LLMCall, dict[str, str], list[str]]],
         origin: asyncio.Task | None = None,
@@ -299,7 +248,7 @@ class Rollout(CallTarget):
 
     def _number(self, event: LLMCall, keys: list[str]) -> LLMCall:
         """The call's index: the next one, or that of the call it supersedes."""
-        with self._numbering:
+        with self.numbering:
             if event.supersedes is not None:
                 index = self._indexes[event.supersedes]
             else:
@@ -313,7 +262,7 @@ class Rollout(CallTarget):
     def _superseded(self, keys: list[str]) -> LLMCall | None:
         """The newest call recorded from HTTP under the first of `keys` that finds one, taken
         (once: a call found by its response id is not found again by its answer)."""
-        with self._numbering:
+        with self.numbering:
             for key in keys:
                 found = self._http_calls.get(key) or []
                 while found and found[-1].call_id in self._taken:
@@ -324,7 +273,7 @@ class Rollout(CallTarget):
                     return call
         return None
 
-    def _capture_failed(self, error: Exception) -> None:
+    def capture_failed(self, error: Exception) -> None:
         """A call could not be recorded: the block's exit raises it (nobody else can see it)."""
         if self._handoff_error is None:
             self._handoff_error = error
@@ -394,7 +343,7 @@ class Rollout(CallTarget):
         last = attempts[-1] if attempts else None
         if last is None or (last.error_type is None) != (output is not None):
             return None  # its outcome was not recorded from HTTP (only ART's capture does)
-        with self._numbering:
+        with self.numbering:
             self._taken.add(last.call_id)
         return last
 
@@ -515,6 +464,43 @@ class Rollout(CallTarget):
             duration_s=duration_s,
         )
 
+    async def _record_failure(
+        self, exc: BaseException, duration_s: float, check: RolloutCheck | None
+    ) -> None:
+        """`rollout.failed`, stored (its traceback left out when there is no room for it)."""
+        self._append(self._failure(exc, duration_s), check=check)
+        try:
+            await self._settle()  # when even this fails, the caller gets its error
+        except StorageFullError:  # no room for a traceback: the cause alone may fit
+            self._append(self._failure(exc, duration_s, compact=True), check=check)
+            await self._settle()
+
+    def _started(
+        self,
+        scenario: Any,
+        *,
+        run: str | None,
+        group_id: str | None,
+        scenario_index: int | None,
+        role: Literal["policy", "validation"],
+        policy_step: int | None,
+    ) -> RolloutStarted:
+        return RolloutStarted(
+            rollout_id=self.id,
+            run=run,
+            group_id=group_id,
+            scenario=self._json(scenario, "scenario"),
+            scenario_index=scenario_index,
+            model=self.model_name,
+            role=role,
+            policy_step=policy_step,
+            inference_model_name=self.inference_model_name,
+            inference_base_url=redact_url(self.inference_base_url)
+            if self.inference_base_url
+            else None,
+            started_at=datetime.now(UTC),
+        )
+
 
 @asynccontextmanager
 async def rollout(
@@ -541,23 +527,14 @@ async def rollout(
     )
     # The store checks every event it writes for the model's key too, whatever made it.
     store.redact.add([recorder.inference_api_key], urls=[recorder.inference_base_url])
-    from artstore.capture import http
-
     http.install()  # once: OpenAI-compatible calls of the block are recorded from HTTP
-    started = RolloutStarted(
-        rollout_id=recorder.id,
+    started = recorder._started(
+        scenario,
         run=run,
         group_id=group_id,
-        scenario=recorder._json(scenario, "scenario"),
         scenario_index=scenario_index,
-        model=recorder.model_name,
         role=role,
         policy_step=policy_step,
-        inference_model_name=recorder.inference_model_name,
-        inference_base_url=redact_url(recorder.inference_base_url)
-        if recorder.inference_base_url
-        else None,
-        started_at=datetime.now(UTC),
     )
     recorder._chained = check is not None
     recorder._append(started, check=check)
@@ -569,7 +546,7 @@ async def rollout(
             yield recorder
         finally:
             _reset(token, art_token)
-            recorder._end_open_calls()
+            recorder.end_open_calls()
             recorder.closed = True  # no new calls; those on their way are still recorded
         finished = RolloutFinished(
             rollout_id=recorder.id,
@@ -590,13 +567,7 @@ async def rollout(
         recorder._ended = True
         if recorder._stored_version == 0:  # not even rollout.started was stored
             raise
-        recorder._append(recorder._failure(exc, time.monotonic() - clock), check=check)
-        try:
-            await recorder._settle()  # when even this fails, the caller gets its error
-        except StorageFullError:  # no room for a traceback: the cause alone may fit
-            failure = recorder._failure(exc, time.monotonic() - clock, compact=True)
-            recorder._append(failure, check=check)
-            await recorder._settle()
+        await recorder._record_failure(exc, time.monotonic() - clock, check)
         raise
 
 

@@ -11,7 +11,6 @@ import click
 import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
-from artstore.arguments import unstorable_character
 from artstore.cli import (
     db,
     demo,
@@ -26,6 +25,7 @@ from artstore.cli import (
     worker,
 )
 from artstore.cli.shared import State, console, say_error
+from artstore.names import unstorable_character
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 

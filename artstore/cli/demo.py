@@ -45,33 +45,7 @@ def demo(
     local inference server started here; a reward function scores it, and a CPU
     backend (CheckOnlyBackend) checks each step like ART's trainer without a GPU.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    bar = Progress(
-        TextColumn("{task.description:<10}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        console=err_console,
-        disable=not err_console.is_terminal,
-    )
-    tasks: dict[str, Any] = {}
-
-    def started(name: str, rollouts: int, steps: int) -> None:
-        err_console.print(
-            f"{'resuming ' if resume else ''}demo run [bold]{name}[/]: "
-            f"{scenarios} questions × {group_size} rollouts, "
-            f"{epochs} epochs, {steps} train steps",
-            highlight=False,
-        )
-        tasks["name"] = name
-        tasks["rollouts"] = bar.add_task("rollouts", total=rollouts)
-        tasks["steps"] = bar.add_task("steps", total=steps)
-
-    def stepped(step: int) -> None:
-        bar.advance(tasks["steps"])
-        if not bar.disable:
-            return
-        err_console.print(f"  trained step {step}", highlight=False)
+    progress = _DemoProgress(resume, scenarios, group_size, epochs)
 
     async def work() -> tuple[Any, dict[str, Any], str]:
         import artstore
@@ -80,7 +54,7 @@ def demo(
 
         # A run to resume is in a store that exists: none is created to look for it.
         async with await artstore.open_store(url, create=resume is None) as store:
-            with bar:
+            with progress.bar:
                 result = await run_demo(
                     store,
                     workdir=workdir,
@@ -88,9 +62,9 @@ def demo(
                     batch_size=batch_size,
                     group_size=group_size,
                     num_scenarios=scenarios,
-                    on_start=started,
-                    on_rollout=lambda: bar.advance(tasks["rollouts"]),
-                    on_step=stepped,
+                    on_start=progress.started,
+                    on_rollout=progress.rolled_out,
+                    on_step=progress.stepped,
                     resume=resume,
                 )
             return result, await describe_run(store, result.run), store.database.location
@@ -98,12 +72,59 @@ def demo(
     try:
         result, described, where = run(work)
     except typer.Exit as stopped:
-        if stopped.exit_code == 130 and "name" in tasks:  # Ctrl-C: say how to go on
+        if stopped.exit_code == 130 and progress.run is not None:  # Ctrl-C: say how to go on
             err_console.print(
-                f"`artstore demo --resume {tasks['name']}` resumes it where it stopped",
+                f"`artstore demo --resume {progress.run}` resumes it where it stopped",
                 highlight=False,
             )
         raise
+    _print_steps(result, described)
+    _print_what_next(result, where, url, workdir)
+
+
+class _DemoProgress:
+    """Progress bars of rollouts and train steps on a terminal, a line per step elsewhere."""
+
+    def __init__(self, resume: str | None, scenarios: int, group_size: int, epochs: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.bar = Progress(
+            TextColumn("{task.description:<10}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=err_console,
+            disable=not err_console.is_terminal,
+        )
+        self.resume = resume
+        self.scenarios = scenarios
+        self.group_size = group_size
+        self.epochs = epochs
+        self.run: str | None = None  # the run's name, once started
+        self._rollouts: Any = None
+        self._steps: Any = None
+
+    def started(self, name: str, rollouts: int, steps: int) -> None:
+        err_console.print(
+            f"{'resuming ' if self.resume else ''}demo run [bold]{name}[/]: "
+            f"{self.scenarios} questions × {self.group_size} rollouts, "
+            f"{self.epochs} epochs, {steps} train steps",
+            highlight=False,
+        )
+        self.run = name
+        self._rollouts = self.bar.add_task("rollouts", total=rollouts)
+        self._steps = self.bar.add_task("steps", total=steps)
+
+    def rolled_out(self) -> None:
+        self.bar.advance(self._rollouts)
+
+    def stepped(self, step: int) -> None:
+        self.bar.advance(self._steps)
+        if self.bar.disable:
+            err_console.print(f"  trained step {step}", highlight=False)
+
+
+def _print_steps(result: Any, described: dict[str, Any]) -> None:
+    """The run's train steps as a table (and why nothing ran when it was finished already)."""
     if result.already_finished:
         trained = sum(
             1
@@ -140,21 +161,36 @@ def demo(
         "LocalBackend on a GPU trains the same loop for real.",
         highlight=False,
     )
-    from artstore.urls import redact, resolve_url  # SQLAlchemy: not for `artstore --help`
+
+
+def _print_what_next(result: Any, where: str, url: str | None, workdir: Path | None) -> None:
+    """Where the run is recorded, and the commands to try on it next."""
+    from artstore.urls import redact  # SQLAlchemy: not for `artstore --help`
 
     name = result.run
     url_part = ""
     if url:  # a password stays out of the output: point at the variable instead
         url_part = f" --url {shlex.quote(url)}" if redact(url) == url else ' --url "$ARTSTORE_URL"'
-    query = (
-        "SELECT model, step, reward_mean, num_groups, duration_s FROM v_train_steps "
-        f"WHERE run = '{name}' ORDER BY model, step"
-    )
     console.print(
         f"\nRecorded run [bold]{name}[/] (model {result.model}) in {where}; "
         f"checkpoints under {result.art_path}.",
         highlight=False,
     )
+    console.print("\nTry next:", highlight=False)
+    for what, command in _next_commands(name, url_part, workdir):
+        console.print(f"  # {what}\n  {command}", highlight=False, markup=False, soft_wrap=True)
+    console.print(
+        f"\nOr look at it in a web browser (Ctrl-C stops it): artstore ui{url_part}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+
+
+def _next_commands(name: str, url_part: str, workdir: Path | None) -> list[tuple[str, str]]:
+    """(what it shows, the command) for each command worth trying on the demo's run."""
+    from artstore.urls import resolve_url  # SQLAlchemy: not for `artstore --help`
+
     elsewhere = workdir is not None and Path(workdir).absolute() != Path.cwd()
 
     def backend_hint(command: str) -> str:
@@ -164,7 +200,11 @@ def demo(
         store = url_part or f" --url {shlex.quote(str(resolve_url(None).database))}"
         return f"(cd {shlex.quote(str(workdir))} && {command}{store})"
 
-    hints = [
+    query = (
+        "SELECT model, step, reward_mean, num_groups, duration_s FROM v_train_steps "
+        f"WHERE run = '{name}' ORDER BY model, step"
+    )
+    return [
         ("the runs in this store", f"artstore runs{url_part}"),
         ("this run: steps, groups, rewards, failures", f"artstore show {name}{url_part}"),
         (
@@ -185,12 +225,3 @@ def demo(
         ),
         ("ask SQL", f'artstore sql{url_part} "{query}"'),
     ]
-    console.print("\nTry next:", highlight=False)
-    for what, command in hints:
-        console.print(f"  # {what}\n  {command}", highlight=False, markup=False, soft_wrap=True)
-    console.print(
-        f"\nOr look at it in a web browser (Ctrl-C stops it): artstore ui{url_part}",
-        highlight=False,
-        markup=False,
-        soft_wrap=True,
-    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -24,37 +24,67 @@ class ExportFormat(StrEnum):
     jsonl = "jsonl"
 
 
+RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run to export.")]
+OutArgument = Annotated[
+    Path,
+    typer.Argument(
+        metavar="OUT",
+        help="parquet: a directory (trajectories/<split>/<step>.parquet go under it); "
+        "jsonl: a file, or - for stdout.",
+    ),
+]
+ExportFormatOption = Annotated[
+    ExportFormat | None,
+    typer.Option(
+        "--format",
+        help="parquet (ART's layout and format, readable by ART) or jsonl (lossless). "
+        "Default: jsonl when OUT ends with .jsonl or is -, else parquet.",
+        show_default=False,
+    ),
+]
+ExportScorerOption = Annotated[
+    str | None,
+    typer.Option(help="parquet: whose rewards to write (default: the run's scorer)."),
+]
+ExportModelOption = Annotated[
+    str | None,
+    typer.Option(
+        help="parquet: number the files by this trained model's steps (project/name; "
+        "default: the run's own model)."
+    ),
+]
+ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite existing files.")]
+PathArgument = Annotated[
+    Path,
+    typer.Argument(
+        metavar="PATH",
+        help="An ART trajectory .parquet file, a directory of them (a model's directory "
+        "under .art, where model.log writes trajectories/<split>/<step>.parquet), or a "
+        ".jsonl export.",
+        show_default=False,
+    ),
+]
+ImportRunOption = Annotated[
+    str | None,
+    typer.Option(
+        "--run",
+        help="Import into this run. Default: the JSONL's run, or <project>/<name> from "
+        "ART's layout, else the file's name.",
+        show_default=False,
+    ),
+]
+ImportScorerOption = Annotated[
+    str, typer.Option(help="parquet: the scorer name the parquet's rewards are kept under.")
+]
+
+
 def export(
-    run_name: Annotated[str, typer.Argument(metavar="RUN", help="The run to export.")],
-    out: Annotated[
-        Path,
-        typer.Argument(
-            metavar="OUT",
-            help="parquet: a directory (trajectories/<split>/<step>.parquet go under it); "
-            "jsonl: a file, or - for stdout.",
-        ),
-    ],
-    format: Annotated[
-        ExportFormat | None,
-        typer.Option(
-            "--format",
-            help="parquet (ART's layout and format, readable by ART) or jsonl (lossless). "
-            "Default: jsonl when OUT ends with .jsonl or is -, else parquet.",
-            show_default=False,
-        ),
-    ] = None,
-    scorer: Annotated[
-        str | None,
-        typer.Option(help="parquet: whose rewards to write (default: the run's scorer)."),
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            help="parquet: number the files by this trained model's steps (project/name; "
-            "default: the run's own model)."
-        ),
-    ] = None,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite existing files.")] = False,
+    run_name: RunArgument,
+    out: OutArgument,
+    format: ExportFormatOption = None,
+    scorer: ExportScorerOption = None,
+    model: ExportModelOption = None,
+    force: ForceOption = False,
     url: UrlOption = None,
 ) -> None:
     """Write a run to files: ART's trajectory parquet layout, or artstore's lossless JSONL.
@@ -84,57 +114,45 @@ def export(
                 summary = await export_parquet(
                     store, run_name, out, scorer=scorer, model=model, force=force
                 )
-        # Progress and notes go to stderr: `export RUN -` writes the JSONL to stdout.
-        where = "stdout" if to_stdout else out
-        trajectories = counted(summary.trajectories, "trajectory", "trajectories")
-        what = f"{trajectories} in {counted(summary.groups, 'group')}"
-        if chosen is ExportFormat.jsonl:
-            err_console.print(f"wrote {what} of run {run_name!r} to {where}", highlight=False)
-        else:
-            from artstore.art_versions import parquet_format_version
-
-            console.print(
-                f"wrote {what} of run {run_name!r} to {counted(len(summary.files), 'file')} under "
-                f"{out / 'trajectories'} (ART's parquet format {parquet_format_version()})",
-                highlight=False,
-            )
-        by = repr(scorer) if scorer else "the run's scorer"
-        left_out = [
-            (summary.unscored_groups, f"groups without a reward by {by}"),
-            (summary.unsealed_groups, "unsealed groups"),
-            (summary.failed_rollouts if chosen is ExportFormat.parquet else 0, "failed rollouts"),
-            (summary.running_rollouts, "rollouts still running"),
-        ]
-        for count, what in left_out:
-            if count:
-                err_console.print(f"left out: {count} {what}", highlight=False)
+        _say_exported(summary, run_name, out, chosen, scorer)
 
     run(work)
 
 
+def _say_exported(
+    summary: Any, run_name: str, out: Path, chosen: ExportFormat, scorer: str | None
+) -> None:
+    """What was written where, and what was left out (on stderr when the rows are on stdout)."""
+    # Progress and notes go to stderr: `export RUN -` writes the JSONL to stdout.
+    where = "stdout" if str(out) == "-" else out
+    trajectories = counted(summary.trajectories, "trajectory", "trajectories")
+    what = f"{trajectories} in {counted(summary.groups, 'group')}"
+    if chosen is ExportFormat.jsonl:
+        err_console.print(f"wrote {what} of run {run_name!r} to {where}", highlight=False)
+    else:
+        from artstore.art_versions import parquet_format_version
+
+        console.print(
+            f"wrote {what} of run {run_name!r} to {counted(len(summary.files), 'file')} under "
+            f"{out / 'trajectories'} (ART's parquet format {parquet_format_version()})",
+            highlight=False,
+        )
+    by = repr(scorer) if scorer else "the run's scorer"
+    left_out = [
+        (summary.unscored_groups, f"groups without a reward by {by}"),
+        (summary.unsealed_groups, "unsealed groups"),
+        (summary.failed_rollouts if chosen is ExportFormat.parquet else 0, "failed rollouts"),
+        (summary.running_rollouts, "rollouts still running"),
+    ]
+    for count, what in left_out:
+        if count:
+            err_console.print(f"left out: {count} {what}", highlight=False)
+
+
 def import_(
-    path: Annotated[
-        Path,
-        typer.Argument(
-            metavar="PATH",
-            help="An ART trajectory .parquet file, a directory of them (a model's directory "
-            "under .art, where model.log writes trajectories/<split>/<step>.parquet), or a "
-            ".jsonl export.",
-            show_default=False,
-        ),
-    ],
-    run_name: Annotated[
-        str | None,
-        typer.Option(
-            "--run",
-            help="Import into this run. Default: the JSONL's run, or <project>/<name> from "
-            "ART's layout, else the file's name.",
-            show_default=False,
-        ),
-    ] = None,
-    scorer: Annotated[
-        str, typer.Option(help="parquet: the scorer name the parquet's rewards are kept under.")
-    ] = "imported",
+    path: PathArgument,
+    run_name: ImportRunOption = None,
+    scorer: ImportScorerOption = "imported",
     url: UrlOption = None,
 ) -> None:
     """Bring trajectories recorded elsewhere into the store, as imported rollouts.
@@ -149,7 +167,6 @@ def import_(
 
     async def work() -> None:
         import artstore
-        from artstore.art_versions import has_exchanges
         from artstore.exchange import read_plan, write_plan
 
         # Read and checked whole before the store is opened: a file that cannot be
@@ -157,49 +174,58 @@ def import_(
         plan = read_plan(path, run=run_name, scorer=scorer)
         async with await artstore.open_store(url) as store:
             summary = await write_plan(store, plan)
-        source = f"{summary.files} parquet files" if summary.source == "parquet" else str(path)
-        if summary.source == "parquet" and summary.files == 1:
-            source = str(path)
-        if summary.written_rollouts:
-            again = summary.rollouts - summary.written_rollouts
-            console.print(
-                f"imported {summary.written_rollouts} rollouts in {summary.groups} groups "
-                f"({summary.sealed_groups} sealed) into run {summary.run!r} from {source}"
-                + (f"; {again} were already imported" if again else ""),
-                highlight=False,
-            )
-        else:
-            console.print(
-                f"nothing new: the {summary.rollouts} rollouts of {source} are already in run "
-                f"{summary.run!r}",
-                highlight=False,
-            )
-        if not summary.written_rollouts:
-            return
-        if summary.source == "parquet" and 1 in summary.formats:
-            err_console.print(
-                "note: ART's parquet format 1 (written by ART 0.5.18) keeps no logprobs, so its "
-                "trajectories are for analysis and re-scoring; ART trains only Choice objects "
-                "with logprobs (or plain assistant messages with "
-                "allow_training_without_logprobs=True)",
-                highlight=False,
-            )
-        elif summary.untrainable_rollouts:
-            err_console.print(
-                f"note: {summary.untrainable_rollouts} of the {summary.rollouts} rollouts "
-                "carry no logprobs (ART trains them only with "
-                "allow_training_without_logprobs=True)",
-                highlight=False,
-            )
-        if summary.exchange_rollouts and not has_exchanges():
-            err_console.print(
-                f"note: {summary.exchange_rollouts} rollouts hold ART's captured exchanges, "
-                "which this ART cannot represent: they are stored whole, and their trajectories "
-                "are read with openpipe-art >= 0.5.20 (Python >= 3.12)",
-                highlight=False,
-            )
+        _say_imported(summary, path)
 
     run(work)
+
+
+def _say_imported(summary: Any, path: Path) -> None:
+    """What was imported, and what the imported trajectories can and cannot be used for."""
+    source = f"{summary.files} parquet files" if summary.source == "parquet" else str(path)
+    if summary.source == "parquet" and summary.files == 1:
+        source = str(path)
+    if not summary.written_rollouts:
+        console.print(
+            f"nothing new: the {summary.rollouts} rollouts of {source} are already in run "
+            f"{summary.run!r}",
+            highlight=False,
+        )
+        return
+    again = summary.rollouts - summary.written_rollouts
+    console.print(
+        f"imported {summary.written_rollouts} rollouts in {summary.groups} groups "
+        f"({summary.sealed_groups} sealed) into run {summary.run!r} from {source}"
+        + (f"; {again} were already imported" if again else ""),
+        highlight=False,
+    )
+    _note_untrainable(summary)
+
+
+def _note_untrainable(summary: Any) -> None:
+    from artstore.art_versions import has_exchanges
+
+    if summary.source == "parquet" and 1 in summary.formats:
+        err_console.print(
+            "note: ART's parquet format 1 (written by ART 0.5.18) keeps no logprobs, so its "
+            "trajectories are for analysis and re-scoring; ART trains only Choice objects "
+            "with logprobs (or plain assistant messages with "
+            "allow_training_without_logprobs=True)",
+            highlight=False,
+        )
+    elif summary.untrainable_rollouts:
+        err_console.print(
+            f"note: {summary.untrainable_rollouts} of the {summary.rollouts} rollouts "
+            "carry no logprobs (ART trains them only with "
+            "allow_training_without_logprobs=True)",
+            highlight=False,
+        )
+    if summary.exchange_rollouts and not has_exchanges():
+        err_console.print(
+            f"note: {summary.exchange_rollouts} rollouts hold ART's captured exchanges, "
+            "which this ART cannot represent: they are stored whole, and their trajectories "
+            "are read with openpipe-art >= 0.5.20 (Python >= 3.12)",
+            highlight=False,
+        )
 
 
 def _check_readable_input(path: Path) -> None:

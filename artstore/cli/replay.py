@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import sys
 from contextlib import redirect_stdout
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import typer
@@ -20,74 +21,100 @@ from artstore.cli.shared import UrlOption, UsageError, console, fail, run
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run (see `artstore runs`).")]
 
 
+BackendOption = Annotated[
+    str | None,
+    typer.Option(
+        "--backend",
+        metavar="MODULE:NAME",
+        help="A callable returning an art.Backend, or an art.Backend instance, e.g. "
+        "artstore.backends:check_only_backend. Needed unless --dry-run.",
+        show_default=False,
+    ),
+]
+ScorerOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="NAME", help="Train on the rewards of this scorer. Default: the run's scorer."
+    ),
+]
+ModelOption = Annotated[
+    str | None,
+    typer.Option(metavar="NAME", help="Name of the model to train. Default: the run's own model."),
+]
+ProjectOption = Annotated[
+    str | None,
+    typer.Option(metavar="NAME", help="Project of the model. Default: the run's project."),
+]
+BaseModelOption = Annotated[
+    str | None,
+    typer.Option(
+        "--base-model",
+        metavar="NAME",
+        help="Base model of the model (to train a run that names none). Default: the run's.",
+    ),
+]
+DryRunOption = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Print what would be trained (groups, rewards, advantages, "
+        "staleness per step); train and record nothing.",
+    ),
+]
+MaxStalenessOption = Annotated[
+    int | None,
+    typer.Option(
+        "--max-staleness",
+        min=0,
+        metavar="N",
+        help="Skip groups generated more than N steps before the step that would train them.",
+    ),
+]
+GroupsPerStepOption = Annotated[
+    int | None,
+    typer.Option(
+        "--groups-per-step",
+        min=1,
+        metavar="N",
+        help="Groups per train step. Default: the run's batches, as it trained them.",
+    ),
+]
+LearningRateOption = Annotated[
+    float | None,
+    typer.Option(
+        "--learning-rate", metavar="LR", help="Passed to backend.train. Default: the run's."
+    ),
+]
+
+
+@dataclass
+class _Replay:
+    """What `artstore replay` was asked to do, as its options say it."""
+
+    run_name: str
+    backend: str | None
+    scorer: str | None
+    model: str | None
+    project: str | None
+    base_model: str | None
+    dry_run: bool
+    max_staleness: int | None
+    groups_per_step: int | None
+    learning_rate: float | None
+    url: str | None
+
+
 def replay(
     run_name: RunArgument,
-    backend: Annotated[
-        str | None,
-        typer.Option(
-            "--backend",
-            metavar="MODULE:NAME",
-            help="A callable returning an art.Backend, or an art.Backend instance, e.g. "
-            "artstore.backends:check_only_backend. Needed unless --dry-run.",
-            show_default=False,
-        ),
-    ] = None,
-    scorer: Annotated[
-        str | None,
-        typer.Option(
-            metavar="NAME", help="Train on the rewards of this scorer. Default: the run's scorer."
-        ),
-    ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option(
-            metavar="NAME", help="Name of the model to train. Default: the run's own model."
-        ),
-    ] = None,
-    project: Annotated[
-        str | None,
-        typer.Option(metavar="NAME", help="Project of the model. Default: the run's project."),
-    ] = None,
-    base_model: Annotated[
-        str | None,
-        typer.Option(
-            "--base-model",
-            metavar="NAME",
-            help="Base model of the model (to train a run that names none). Default: the run's.",
-        ),
-    ] = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help="Print what would be trained (groups, rewards, advantages, "
-            "staleness per step); train and record nothing.",
-        ),
-    ] = False,
-    max_staleness: Annotated[
-        int | None,
-        typer.Option(
-            "--max-staleness",
-            min=0,
-            metavar="N",
-            help="Skip groups generated more than N steps before the step that would train them.",
-        ),
-    ] = None,
-    groups_per_step: Annotated[
-        int | None,
-        typer.Option(
-            "--groups-per-step",
-            min=1,
-            metavar="N",
-            help="Groups per train step. Default: the run's batches, as it trained them.",
-        ),
-    ] = None,
-    learning_rate: Annotated[
-        float | None,
-        typer.Option(
-            "--learning-rate", metavar="LR", help="Passed to backend.train. Default: the run's."
-        ),
-    ] = None,
+    backend: BackendOption = None,
+    scorer: ScorerOption = None,
+    model: ModelOption = None,
+    project: ProjectOption = None,
+    base_model: BaseModelOption = None,
+    dry_run: DryRunOption = False,
+    max_staleness: MaxStalenessOption = None,
+    groups_per_step: GroupsPerStepOption = None,
+    learning_rate: LearningRateOption = None,
     url: UrlOption = None,
     output: FormatOption = OutputFormat.table,
 ) -> None:
@@ -104,62 +131,92 @@ def replay(
             "--backend is needed to train (e.g. --backend artstore.backends:check_only_backend); "
             "add --dry-run to only see the plan"
         )
+    asked = _Replay(
+        run_name=run_name,
+        backend=backend,
+        scorer=scorer,
+        model=model,
+        project=project,
+        base_model=base_model,
+        dry_run=dry_run,
+        max_staleness=max_staleness,
+        groups_per_step=groups_per_step,
+        learning_rate=learning_rate,
+        url=url,
+    )
+    plan = run(lambda: _replay(asked))
+    _print_plan(plan, output, planned_only=dry_run)
 
-    async def work() -> tuple[Any, bool]:
-        import artstore
-        from artstore.training.replay import replay, run_info
 
-        found = find_backend(backend) if backend is not None else None
-        # A plan only reads; training needs a store that exists (nothing is created).
-        opened = (
-            artstore.open_store(url, read_only=True)
-            if dry_run
-            else artstore.open_store(url, create=False)
+async def _replay(asked: _Replay) -> Any:
+    """The plan of the replay (`--dry-run`), or the replay done."""
+    import artstore
+    from artstore.training.runs import run_info
+
+    found = find_backend(asked.backend) if asked.backend is not None else None
+    # A plan only reads; training needs a store that exists (nothing is created).
+    opened = (
+        artstore.open_store(asked.url, read_only=True)
+        if asked.dry_run
+        else artstore.open_store(asked.url, create=False)
+    )
+    async with await opened as store:
+        info = await run_info(store, asked.run_name)
+        trainable = _trainable_model(
+            info, asked.model, asked.project, asked.base_model, dry_run=asked.dry_run
         )
-        async with await opened as store:
-            info = await run_info(store, run_name)
-            trainable = _trainable_model(info, model, project, base_model, dry_run=dry_run)
-            loaded = await make_backend(found, backend) if backend is not None else None
-            if loaded is not None and not dry_run:
-                try:
-                    await trainable.register(loaded)
-                except Exception as exc:
-                    await loaded.close()
-                    raise PluginError(
-                        f"--backend {backend!r}: registering {trainable.project}/"
-                        f"{trainable.name} failed: {type(exc).__name__}: {exc}"
-                    ) from exc
-            try:
-                train_kwargs = dict((info.config or {}).get("train_kwargs") or {})
-                if learning_rate is not None:
-                    train_kwargs["learning_rate"] = learning_rate
-                options: dict[str, Any] = {
-                    "scorer": scorer,
-                    "max_staleness": max_staleness,
-                    "groups_per_step": groups_per_step,
-                    "train_kwargs": train_kwargs,
-                }
-                if dry_run:
-                    # Nothing is registered (a real backend would start its servers): the
-                    # step is the backend's record of it, or else the store's.
-                    options["model_step"] = await _model_step(store, trainable, loaded, backend)
-                    return await replay(store, run_name, trainable, dry_run=True, **options), True
-                # What the backend or ART prints goes to stderr: stdout holds the rows.
-                with progress("training", None) as advance, redirect_stdout(sys.stderr):
-                    plan = await replay(
-                        store,
-                        run_name,
-                        trainable,
-                        on_plan=lambda p: advance.total(len(p.steps)),
-                        on_step=lambda done, total: advance(),
-                        **options,
-                    )
-                return plan, False
-            finally:
-                if loaded is not None:
-                    await loaded.close()
+        loaded = await make_backend(found, asked.backend) if asked.backend is not None else None
+        if loaded is not None and not asked.dry_run:
+            await _register(trainable, loaded, asked.backend)
+        try:
+            return await _replay_on(store, info, trainable, loaded, asked)
+        finally:
+            if loaded is not None:
+                await loaded.close()
 
-    plan, planned_only = run(work)
+
+async def _register(trainable: Any, loaded: Any, backend: str | None) -> None:
+    """`trainable` registered with the backend (which is closed if that fails)."""
+    try:
+        await trainable.register(loaded)
+    except Exception as exc:
+        await loaded.close()
+        raise PluginError(
+            f"--backend {backend!r}: registering {trainable.project}/"
+            f"{trainable.name} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+async def _replay_on(store: Any, info: Any, trainable: Any, loaded: Any, asked: _Replay) -> Any:
+    from artstore.training.replay import replay
+
+    train_kwargs = dict((info.config or {}).get("train_kwargs") or {})
+    if asked.learning_rate is not None:
+        train_kwargs["learning_rate"] = asked.learning_rate
+    options: dict[str, Any] = {
+        "scorer": asked.scorer,
+        "max_staleness": asked.max_staleness,
+        "groups_per_step": asked.groups_per_step,
+        "train_kwargs": train_kwargs,
+    }
+    if asked.dry_run:
+        # Nothing is registered (a real backend would start its servers): the
+        # step is the backend's record of it, or else the store's.
+        options["model_step"] = await _model_step(store, trainable, loaded, asked.backend)
+        return await replay(store, asked.run_name, trainable, dry_run=True, **options)
+    # What the backend or ART prints goes to stderr: stdout holds the rows.
+    with progress("training", None) as advance, redirect_stdout(sys.stderr):
+        return await replay(
+            store,
+            asked.run_name,
+            trainable,
+            on_plan=lambda p: advance.total(len(p.steps)),
+            on_step=lambda done, total: advance(),
+            **options,
+        )
+
+
+def _print_plan(plan: Any, output: OutputFormat, *, planned_only: bool) -> None:
     rows = plan_rows(plan, trained=not planned_only)
     if output is OutputFormat.table:
         console.print(_headline(plan, planned_only), highlight=False, soft_wrap=True)

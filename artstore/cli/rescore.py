@@ -12,43 +12,50 @@ from artstore.cli.output import FormatOption, OutputFormat, print_rows, progress
 from artstore.cli.plugins import load_reward_function
 from artstore.cli.shared import UrlOption, console, run
 
+RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run (see `artstore runs`).")]
+RewardOption = Annotated[
+    str,
+    typer.Option(
+        "--reward",
+        metavar="MODULE:FUNCTION",
+        help="The reward function, called as during the run: (scenario, results, "
+        "trajectories) -> rewards, sync or async. E.g. my_rewards:score, or "
+        "artstore.training.ruler:ruler for ART's RULER judge.",
+        show_default=False,
+    ),
+]
+ScorerOption = Annotated[
+    str,
+    typer.Option(
+        help="Name the new rewards are recorded under (train on them with "
+        "`artstore replay --scorer NAME`).",
+        show_default=False,
+    ),
+]
+GroupOption = Annotated[
+    list[str] | None,
+    typer.Option("--group", metavar="GROUP_ID", help="Only this group (repeatable)."),
+]
+AgainOption = Annotated[
+    bool,
+    typer.Option(
+        "--again",
+        help="Score again the groups SCORER has scored already (by default they are "
+        "left as they are, so that running the command again finishes a stopped one).",
+    ),
+]
+ConcurrencyOption = Annotated[
+    int, typer.Option(min=1, help="Groups scored at once (an LLM judge may want fewer).")
+]
+
 
 def rescore(
-    run_name: Annotated[str, typer.Argument(metavar="RUN", help="The run (see `artstore runs`).")],
-    reward: Annotated[
-        str,
-        typer.Option(
-            "--reward",
-            metavar="MODULE:FUNCTION",
-            help="The reward function, called as during the run: (scenario, results, "
-            "trajectories) -> rewards, sync or async. E.g. my_rewards:score, or "
-            "artstore.training.ruler:ruler for ART's RULER judge.",
-            show_default=False,
-        ),
-    ],
-    scorer: Annotated[
-        str,
-        typer.Option(
-            help="Name the new rewards are recorded under (train on them with "
-            "`artstore replay --scorer NAME`).",
-            show_default=False,
-        ),
-    ],
-    group: Annotated[
-        list[str] | None,
-        typer.Option("--group", metavar="GROUP_ID", help="Only this group (repeatable)."),
-    ] = None,
-    again: Annotated[
-        bool,
-        typer.Option(
-            "--again",
-            help="Score again the groups SCORER has scored already (by default they are "
-            "left as they are, so that running the command again finishes a stopped one).",
-        ),
-    ] = False,
-    concurrency: Annotated[
-        int, typer.Option(min=1, help="Groups scored at once (an LLM judge may want fewer).")
-    ] = 8,
+    run_name: RunArgument,
+    reward: RewardOption,
+    scorer: ScorerOption,
+    group: GroupOption = None,
+    again: AgainOption = False,
+    concurrency: ConcurrencyOption = 8,
     url: UrlOption = None,
     output: FormatOption = OutputFormat.table,
 ) -> None:
@@ -60,49 +67,57 @@ def rescore(
     as they are unless --again: run it again to finish a re-scoring that stopped.
     """
     skipped: list[str] = []
+    options = {"group_ids": group, "concurrency": concurrency, "again": again}
+    rows = run(lambda: _rescore(run_name, reward, scorer, url, options, skipped))
+    _show(rows, output, run_name, scorer, skipped)
 
-    async def work() -> list[dict[str, Any]]:
-        import artstore
-        from artstore.training.overview import describe_run
-        from artstore.training.replay import run_info
-        from artstore.training.rescore import rescore as rescore_run
 
-        function = load_reward_function(reward)
-        async with await artstore.open_store(url, create=False) as store:
-            info = await run_info(store, run_name)
-            # What reward functions print (RULER warns on stdout) goes to stderr, so that
-            # stdout holds only the rows (`--format json` stays parseable).
-            with progress(f"scoring as {scorer}") as advance, redirect_stdout(sys.stderr):
-                scored = await rescore_run(
-                    store,
-                    run_name,
-                    function,
-                    scorer,
-                    group_ids=group,
-                    concurrency=concurrency,
-                    again=again,
-                    on_start=advance.total,
-                    on_group=lambda _: advance(),
-                    on_skipped=skipped.extend,
-                )
-            groups = (await describe_run(store, run_name))["groups"]
-        chosen = set(scored)
-        return [
-            {
-                "group": g["group_id"][:8],
-                "group_id": g["group_id"],
-                "batch": g["batch"],
-                "scenario_index": g["scenario_index"],
-                "scorer": scorer,
-                "reward_mean": g["rewards"].get(scorer),
-                "run_scorer": info.scorer,
-                "run_reward_mean": g["rewards"].get(info.scorer),
-            }
-            for g in groups
-            if g["group_id"] in chosen
-        ]
+async def _rescore(
+    run_name: str,
+    reward: str,
+    scorer: str,
+    url: str | None,
+    options: dict[str, Any],
+    skipped: list[str],
+) -> list[dict[str, Any]]:
+    """The groups scored now, a row each (`skipped` gets those SCORER had scored)."""
+    import artstore
+    from artstore.training.overview import describe_run
+    from artstore.training.rescore import rescore as rescore_run
+    from artstore.training.runs import run_info
 
-    _show(run(work), output, run_name, scorer, skipped)
+    function = load_reward_function(reward)
+    async with await artstore.open_store(url, create=False) as store:
+        info = await run_info(store, run_name)
+        # What reward functions print (RULER warns on stdout) goes to stderr, so that
+        # stdout holds only the rows (`--format json` stays parseable).
+        with progress(f"scoring as {scorer}") as advance, redirect_stdout(sys.stderr):
+            scored = await rescore_run(
+                store,
+                run_name,
+                function,
+                scorer,
+                on_start=advance.total,
+                on_group=lambda _: advance(),
+                on_skipped=skipped.extend,
+                **options,
+            )
+        groups = (await describe_run(store, run_name))["groups"]
+    chosen = set(scored)
+    return [
+        {
+            "group": g["group_id"][:8],
+            "group_id": g["group_id"],
+            "batch": g["batch"],
+            "scenario_index": g["scenario_index"],
+            "scorer": scorer,
+            "reward_mean": g["rewards"].get(scorer),
+            "run_scorer": info.scorer,
+            "run_reward_mean": g["rewards"].get(info.scorer),
+        }
+        for g in groups
+        if g["group_id"] in chosen
+    ]
 
 
 def _show(

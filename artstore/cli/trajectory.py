@@ -81,7 +81,25 @@ def _flat_turn(turn: dict[str, Any]) -> dict[str, Any]:
 
 
 def print_trajectory(detail: dict[str, Any], *, logprobs: bool = False) -> None:
-    from rich.panel import Panel
+    """A rollout's facts, then each of its histories turn by turn."""
+    _print_rollout_facts(detail)
+    for history in detail["histories"]:
+        title = (
+            "conversation" if history["index"] == 0 else f"additional history {history['index']}"
+        )
+        tools = ", ".join(
+            str((tool.get("function") or {}).get("name") or tool.get("name") or "?")
+            for tool in history["tools"]
+        )
+        console.print()
+        console.rule(
+            f"{title}" + (f" · tools: {tools}" if tools else ""), align="left", style="dim"
+        )
+        for turn in history["turns"]:
+            _print_turn(turn, logprobs=logprobs)
+
+
+def _print_rollout_facts(detail: dict[str, Any]) -> None:
     from rich.table import Table
     from rich.text import Text
 
@@ -123,52 +141,46 @@ def print_trajectory(detail: dict[str, Any], *, logprobs: bool = False) -> None:
         if value not in (None, ""):
             head.add_row(label, Text(str(value)))
     print_table(head)
-    for history in detail["histories"]:
-        title = (
-            "conversation" if history["index"] == 0 else f"additional history {history['index']}"
+
+
+def _print_turn(turn: dict[str, Any], *, logprobs: bool) -> None:
+    """One message as a panel: its text (or tokens), its tool calls, whether it trains."""
+    from rich.panel import Panel
+    from rich.text import Text
+
+    body = Text()
+    if turn["tokens"] and turn["tokens_are_content"] and logprobs:
+        body.append_text(_tokens(turn["tokens"]))
+    elif turn["content"]:
+        body.append(turn["content"])
+    for call in turn["tool_calls"]:
+        if body:
+            body.append("\n")
+        body.append(f"→ {call['name']}", style="bold")
+        body.append(f"  {call['id'] or ''}\n", style="dim")
+        body.append(call["arguments"])
+    if turn["tokens"] and not turn["tokens_are_content"] and logprobs:
+        body.append("\ngenerated tokens: ", style="dim")
+        body.append_text(_tokens(turn["tokens"]))
+    subtitle = []
+    if turn["trainable"]:
+        count = len(turn["tokens"])
+        subtitle.append(f"trainable, {count} token{'s' if count != 1 else ''}")
+    if turn["finish_reason"]:
+        subtitle.append(str(turn["finish_reason"]))
+    role_title = turn["role"]
+    if turn["tool_call_id"]:
+        role_title += f" · result of {turn['tool_call_id']}"
+    console.print(
+        Panel(
+            body,
+            title=Text(role_title),
+            title_align="left",
+            subtitle=", ".join(subtitle) or None,
+            subtitle_align="right",
+            border_style=ROLE_STYLES.get(turn["role"], "white"),
         )
-        tools = ", ".join(
-            str((tool.get("function") or {}).get("name") or tool.get("name") or "?")
-            for tool in history["tools"]
-        )
-        console.print()
-        console.rule(
-            f"{title}" + (f" · tools: {tools}" if tools else ""), align="left", style="dim"
-        )
-        for turn in history["turns"]:
-            body = Text()
-            if turn["tokens"] and turn["tokens_are_content"] and logprobs:
-                body.append_text(_tokens(turn["tokens"]))
-            elif turn["content"]:
-                body.append(turn["content"])
-            for call in turn["tool_calls"]:
-                if body:
-                    body.append("\n")
-                body.append(f"→ {call['name']}", style="bold")
-                body.append(f"  {call['id'] or ''}\n", style="dim")
-                body.append(call["arguments"])
-            if turn["tokens"] and not turn["tokens_are_content"] and logprobs:
-                body.append("\ngenerated tokens: ", style="dim")
-                body.append_text(_tokens(turn["tokens"]))
-            subtitle = []
-            if turn["trainable"]:
-                count = len(turn["tokens"])
-                subtitle.append(f"trainable, {count} token{'s' if count != 1 else ''}")
-            if turn["finish_reason"]:
-                subtitle.append(str(turn["finish_reason"]))
-            role_title = turn["role"]
-            if turn["tool_call_id"]:
-                role_title += f" · result of {turn['tool_call_id']}"
-            console.print(
-                Panel(
-                    body,
-                    title=Text(role_title),
-                    title_align="left",
-                    subtitle=", ".join(subtitle) or None,
-                    subtitle_align="right",
-                    border_style=ROLE_STYLES.get(turn["role"], "white"),
-                )
-            )
+    )
 
 
 def _tokens(tokens: list[dict[str, Any]]):

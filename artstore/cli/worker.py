@@ -22,60 +22,68 @@ VALIDATION_KEY_ENV = "ARTSTORE_VALIDATION_API_KEY"
 BASE_URL_ENV = "ARTSTORE_INFERENCE_BASE_URL"
 
 
+AgentOption = Annotated[
+    str,
+    typer.Option(
+        "--agent",
+        metavar="MODULE:FUNCTION",
+        help="The agent, agent(scenario, rollout_id) -> result, as TrainingFramework takes it.",
+        show_default=False,
+    ),
+]
+RewardOption = Annotated[
+    str | None,
+    typer.Option(
+        "--reward",
+        metavar="MODULE:FUNCTION",
+        help="The reward function. Default: the one the trainer registered.",
+        show_default=False,
+    ),
+]
+ConcurrencyOption = Annotated[
+    int,
+    typer.Option("--concurrency", min=1, metavar="N", help="Rollouts and seals run at once."),
+]
+LeaseOption = Annotated[
+    float,
+    typer.Option(
+        "--lease",
+        min=0.1,
+        metavar="SECONDS",
+        help="Seconds a claim lasts without a heartbeat; another worker redoes the "
+        "work of a worker silent for longer.",
+    ),
+]
+InferenceUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--inference-url",
+        envvar=BASE_URL_ENV,
+        metavar="URL",
+        help="The inference server as this host reaches it. Default: the URL the "
+        "trainer registered.",
+        show_default=False,
+    ),
+]
+WaitOption = Annotated[
+    float,
+    typer.Option(
+        "--wait",
+        min=0,
+        metavar="SECONDS",
+        help="Seconds to wait for the run's trainer to register.",
+    ),
+]
+
+
 def worker(
     run_name: RunArgument,
-    agent: Annotated[
-        str,
-        typer.Option(
-            "--agent",
-            metavar="MODULE:FUNCTION",
-            help="The agent, agent(scenario, rollout_id) -> result, as TrainingFramework takes it.",
-            show_default=False,
-        ),
-    ],
-    reward: Annotated[
-        str | None,
-        typer.Option(
-            "--reward",
-            metavar="MODULE:FUNCTION",
-            help="The reward function. Default: the one the trainer registered.",
-            show_default=False,
-        ),
-    ] = None,
-    concurrency: Annotated[
-        int,
-        typer.Option("--concurrency", min=1, metavar="N", help="Rollouts and seals run at once."),
-    ] = 4,
-    lease: Annotated[
-        float,
-        typer.Option(
-            "--lease",
-            min=0.1,
-            metavar="SECONDS",
-            help="Seconds a claim lasts without a heartbeat; another worker redoes the "
-            "work of a worker silent for longer.",
-        ),
-    ] = 30.0,
-    inference_url: Annotated[
-        str | None,
-        typer.Option(
-            "--inference-url",
-            envvar=BASE_URL_ENV,
-            metavar="URL",
-            help="The inference server as this host reaches it. Default: the URL the "
-            "trainer registered.",
-            show_default=False,
-        ),
-    ] = None,
-    wait: Annotated[
-        float,
-        typer.Option(
-            "--wait",
-            min=0,
-            metavar="SECONDS",
-            help="Seconds to wait for the run's trainer to register.",
-        ),
-    ] = 60.0,
+    agent: AgentOption,
+    reward: RewardOption = None,
+    concurrency: ConcurrencyOption = 4,
+    lease: LeaseOption = 30.0,
+    inference_url: InferenceUrlOption = None,
+    wait: WaitOption = 60.0,
     url: UrlOption = None,
 ) -> None:
     """Claim rollouts of RUN from PostgreSQL, run the agent, record them, seal groups.
@@ -85,51 +93,14 @@ def worker(
     trainer finishes. The inference API key is taken from $ARTSTORE_INFERENCE_API_KEY
     ($ARTSTORE_VALIDATION_API_KEY for a validation model): keys are never stored.
     """
-
-    async def work() -> Any:
-        import artstore
-        from artstore.workers import run_worker
-
-        agent_function = load_attribute(agent, "--agent")
-        if isinstance(agent_function, type) or not callable(agent_function):
-            raise UsageError(
-                f"--agent {agent!r} is a {type(agent_function).__name__}, not an agent "
-                "function agent(scenario, rollout_id)"
-            )
-        reward_function = load_reward_function(reward) if reward else None
-        if not _serves_many_machines(url):  # before anything is opened or created
-            raise ConfigurationError(
-                "rollout workers need PostgreSQL (give --url postgresql://... or set "
-                "$ARTSTORE_URL): workers on many hosts coordinate through its row locks and "
-                "notifications; SQLite serves one machine"
-            )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        async with await artstore.open_store(url) as store:
-            err_console.print(
-                f"worker on run {run_name} at {store.database.display_url}, "
-                f"concurrency {concurrency}",
-                highlight=False,
-                soft_wrap=True,
-            )
-            return await run_worker(
-                store,
-                run_name,
-                agent_function,
-                reward_function,
-                concurrency=concurrency,
-                lease_s=lease,
-                api_key=os.environ.get(KEY_ENV),
-                validation_api_key=os.environ.get(VALIDATION_KEY_ENV),
-                inference_base_url=inference_url,
-                wait_for_run_s=wait,
-                stop=stop,
-            )
-
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    summary = run(work)
+    options = {
+        "concurrency": concurrency,
+        "lease_s": lease,
+        "inference_base_url": inference_url,
+        "wait_for_run_s": wait,
+    }
+    summary = run(lambda: _work(run_name, agent, reward, url, options))
     console.print(
         f"run {run_name} ({summary.run_status}): {summary.rollouts_finished} rollouts finished, "
         f"{summary.rollouts_failed} failed, {summary.groups_sealed} groups sealed, "
@@ -140,6 +111,55 @@ def worker(
     )
     if summary.run_status == "failed":
         raise typer.Exit(1)
+
+
+def _agent_function(agent: str) -> Any:
+    """The agent `--agent` names: a function, not a class or another object."""
+    agent_function = load_attribute(agent, "--agent")
+    if isinstance(agent_function, type) or not callable(agent_function):
+        raise UsageError(
+            f"--agent {agent!r} is a {type(agent_function).__name__}, not an agent "
+            "function agent(scenario, rollout_id)"
+        )
+    return agent_function
+
+
+async def _work(
+    run_name: str, agent: str, reward: str | None, url: str | None, options: dict[str, Any]
+) -> Any:
+    """The worker run until its run's trainer finishes (or SIGTERM / SIGINT stops it)."""
+    import artstore
+    from artstore.workers import run_worker
+
+    agent_function = _agent_function(agent)
+    reward_function = load_reward_function(reward) if reward else None
+    if not _serves_many_machines(url):  # before anything is opened or created
+        raise ConfigurationError(
+            "rollout workers need PostgreSQL (give --url postgresql://... or set "
+            "$ARTSTORE_URL): workers on many hosts coordinate through its row locks and "
+            "notifications; SQLite serves one machine"
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    async with await artstore.open_store(url) as store:
+        err_console.print(
+            f"worker on run {run_name} at {store.database.display_url}, "
+            f"concurrency {options['concurrency']}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return await run_worker(
+            store,
+            run_name,
+            agent_function,
+            reward_function,
+            api_key=os.environ.get(KEY_ENV),
+            validation_api_key=os.environ.get(VALIDATION_KEY_ENV),
+            stop=stop,
+            **options,
+        )
 
 
 def _serves_many_machines(url: str | None) -> bool:

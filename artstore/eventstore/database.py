@@ -16,6 +16,7 @@ file:
 from __future__ import annotations
 
 import errno
+import functools
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -39,7 +40,7 @@ from artstore.errors import (
     ReadOnlyStoreError,
     StorageFullError,
 )
-from artstore.eventstore.recorder import ErrorKind, Recorder, causes, error_kind
+from artstore.eventstore.recorder import ErrorKind, Recorder, causes
 from artstore.urls import redact
 
 T = TypeVar("T")
@@ -337,6 +338,26 @@ def database_class_named(backend: str) -> type[Database]:
         raise ConfigurationError(f"artstore does not run on {backend!r}")
     module, _, name = where.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+@functools.cache  # asked by each projection batch
+def recorder_for(backend: str) -> Recorder:
+    """The recorder of SQLAlchemy's backend `backend` (the registry is `DATABASES`)."""
+    return database_class_named(backend).recorder
+
+
+def recorder_of(connection: Connection) -> Recorder:
+    """The recorder of the database `connection` is connected to."""
+    return recorder_for(connection.dialect.name)
+
+
+def error_kind(exc: BaseException) -> ErrorKind | None:
+    """What a driver error means, asked of every recorder (each knows only its own)."""
+    for backend in DATABASES:
+        kind = recorder_for(backend).error_kind(exc)
+        if kind is not None:
+            return kind
+    return None
 
 
 def connect(url: URL, *, read_only: bool = False) -> Database:

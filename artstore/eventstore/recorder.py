@@ -8,15 +8,14 @@ recorder of its connection (`recorder_of`) for the statement, the lock or the me
 an error. A recorder holds no state; the engines, the writer's connection and what a
 database learns while it runs (which migration it has) belong to its `Database`.
 
-`recorder_of(connection)` finds the recorder through the registry of databases
-(`artstore.eventstore.database.DATABASES`), by SQLAlchemy's name for the connection's
+`recorder_of(connection)` (`artstore.eventstore.database`) finds the recorder through the
+registry of databases there (`DATABASES`), by SQLAlchemy's name for the connection's
 database: the one lookup by that name outside the two modules
 (`tests/codebase/test_dialect_containment.py`).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from enum import Enum
 from typing import Any, Protocol
@@ -94,30 +93,6 @@ class Recorder(Protocol):
         """What a driver error of this database means (None: nothing artstore names, or
         not this database's error)."""
         ...
-
-
-@functools.cache  # asked by each projection batch
-def recorder_for(backend: str) -> Recorder:
-    """The recorder of SQLAlchemy's backend `backend` (the registry is `DATABASES`)."""
-    from artstore.eventstore.database import database_class_named  # it imports this module
-
-    return database_class_named(backend).recorder
-
-
-def recorder_of(connection: Connection) -> Recorder:
-    """The recorder of the database `connection` is connected to."""
-    return recorder_for(connection.dialect.name)
-
-
-def error_kind(exc: BaseException) -> ErrorKind | None:
-    """What a driver error means, asked of every recorder (each knows only its own)."""
-    from artstore.eventstore.database import DATABASES
-
-    for backend in DATABASES:
-        kind = recorder_for(backend).error_kind(exc)
-        if kind is not None:
-            return kind
-    return None
 
 
 def causes(exc: BaseException | None) -> list[BaseException]:

@@ -1,35 +1,35 @@
 """Append to and read from streams of events, with group commit.
 
 `EventStore.append` hands the append to one writer task per store. The writer takes
-everything queued while its previous transaction ran and writes it in one transaction
+everything queued while its previous transaction ran and commits it in one transaction
 (group commit): many concurrent single-event appenders cost few commits. Each append is
 still atomic (a savepoint of its own when the batch has to be taken apart), idempotent by
 its client-made event ids, and checked against its expected stream version. A write
-transaction (events, blobs, and the projections of the events) is synchronous SQL run in
-one call by the database's `Writer` (artstore.eventstore.sqlite / .postgres).
+transaction (events, blobs, and the projections of the events) is synchronous SQL over
+the database's `Recorder`, committed in one call by its `Writer`
+(artstore.eventstore.sqlite / .postgres), which chooses how: a batch of nothing but
+event rows (no condition, no new blob, nothing to project, every stream's head known) may
+be one INSERT that commits by itself.
 
 A reader catching up with `read_all(after=...)` sees every committed event exactly once,
 in order (invariant 3). SQLite has one writer at a time. On PostgreSQL an appending
 transaction holds one lock (on the table `append_lock`) from its INSERT into `events`
 until it commits, taken by a statement trigger of the schema; everything that needs no
 order (stream heads, the expected-version check, a condition, blobs) is done before that
-INSERT, so that the lock is held for the INSERT, the projections and the commit only. A
-batch with nothing else to do (no condition, no new blob, nothing to project, every
-stream's head known) is one INSERT that commits by itself (`Writer.insert_and_commit`);
-on PostgreSQL such appends run side by side and may commit out of position order, so
-readers read up to `Database.safe_position` only (see artstore.eventstore.postgres).
+INSERT, so that the lock is held for the INSERT, the projections and the commit only.
+Appends whose projections need no order run side by side and may commit out of position
+order, so readers read up to `Database.safe_position` only (see
+artstore.eventstore.postgres).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections import OrderedDict
 from collections.abc import (
     AsyncIterator,
     Awaitable,
-    Callable,
     Collection,
     Iterable,
     Iterator,
@@ -45,7 +45,6 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 
-from artstore.arguments import check_name, unstorable_character
 from artstore.collector import collector_paused
 from artstore.errors import (
     AppendRefusedError,
@@ -57,24 +56,33 @@ from artstore.errors import (
     StoreClosedError,
     WrongExpectedVersionError,
 )
-from artstore.events import Event, decode_event, encode_event
+from artstore.events import Event
 from artstore.eventstore.blobs import (
-    blob_hash,
     blob_row,
-    load_payload,
-    payload_json,
     read_blob_texts,
 )
 from artstore.eventstore.database import Database, WriteBatch, Writer, translate_error
 from artstore.eventstore.recorder import ErrorKind
+from artstore.eventstore.records import (
+    ANY,
+    NO_STREAM,
+    AppendResult,
+    Condition,
+    PendingAppend,
+    Projector,
+    RecordedEvent,
+    SideBySide,
+    check_blob,
+    event_row,
+    recorded_events,
+    recorded_from_row,
+)
 from artstore.eventstore.streams import events_of_streams, stream_heads
+from artstore.names import check_name, unstorable_character
 from artstore.redaction import Redactor
 from artstore.schema.tables import blobs, events
 
 T = TypeVar("T")
-
-ANY: int | None = None  # expected_version: append whatever the stream's version
-NO_STREAM = 0  # expected_version: the stream must not exist yet
 
 MAX_APPENDS_PER_TRANSACTION = 1000
 MAX_EVENTS_PER_TRANSACTION = 5000
@@ -87,53 +95,6 @@ MAX_STREAM_RACES = 100
 # A lone append skips the event loop's turn when nothing else is ready to run, yet gives
 # the loop a turn at least this often: timers and sockets wait outside the ready queue.
 TURN_EVERY_S = 0.001
-
-
-@dataclass(frozen=True)
-class RecordedEvent:
-    """An event as stored: its envelope and its JSON payload."""
-
-    position: int
-    event_id: str
-    stream_id: str
-    version: int
-    type: str
-    data: dict[str, Any]
-    recorded_at: datetime
-
-    def decode(self) -> Event:
-        """The typed event (raises UnknownEventTypeError for a type artstore does not declare)."""
-        return decode_event(self.type, self.data, self.event_id)
-
-
-@dataclass(frozen=True)
-class PendingAppend:
-    """One append of `append_together_nowait`: what `append` takes."""
-
-    stream_id: str
-    events: Sequence[Event]
-    expected_version: int | None = ANY
-    blobs: Mapping[str, str] | None = None
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    stream_id: str
-    version: int  # the stream's version after the append
-    positions: list[int]
-    written: bool  # False when the append was a retry of one already stored
-
-
-# Called inside the appending transaction with the events just written and the blob
-# texts the transaction's appends carried, by hash: projections. Synchronous, so that a
-# whole write transaction runs in one call.
-Projector = Callable[[Connection, list[RecordedEvent], Mapping[str, str]], None]
-# Whether a batch's event rows (before their INSERT) may be projected side by side with
-# other appends: their projections need no order across appends.
-SideBySide = Callable[[Connection, list[dict[str, Any]]], bool]
-# Called inside the appending transaction before an append's events are written; raising
-# refuses that append alone (nothing of it is written). Workers check their lease this way.
-Condition = Callable[[Connection], None]
 
 
 @dataclass
@@ -357,11 +318,11 @@ class EventStore:
         if problem is not None:
             raise InvalidEventError(f"a stream id cannot hold {problem}: {stream_id!r}")
         now = datetime.now(UTC)  # one time for the append: its events commit together
-        rows = [_event_row(stream_id, event, self.redact, now) for event in new_events]
+        rows = [event_row(stream_id, event, self.redact, now) for event in new_events]
         if len({row["event_id"] for row in rows}) != len(rows):
             raise InvalidEventError("an append holds the same event id twice")
         for digest, text in (blobs or {}).items():
-            _check_blob(digest, text)
+            check_blob(digest, text)
         self._ensure_writer_task()
         future: asyncio.Future[AppendResult] = self.loop.create_future()
         return _Append(stream_id, rows, expected_version, dict(blobs or {}), future, condition)
@@ -666,7 +627,7 @@ class EventStore:
         positions = self.recorder.insert_events(connection, rows)
         item.result = AppendResult(item.stream_id, rows[-1]["version"], positions, True)
         if self._projector is not None:
-            item.recorded = _recorded(rows, positions)
+            item.recorded = recorded_events(rows, positions)
             self._projector(connection, item.recorded, item.blobs)
 
     def _insert_blobs(self, connection: Connection, batch: list[_Append]) -> None:
@@ -830,70 +791,6 @@ def _still_in_transaction(connection: Connection) -> bool:
     return bool(getattr(raw, "in_transaction", True))
 
 
-def _event_row(
-    stream_id: str, event: Event, redact: Redactor, recorded_at: datetime
-) -> dict[str, Any]:
-    type_name, data = encode_event(event)
-    try:
-        encoded = payload_json(data)  # refuse NaN and anything else that is not JSON, now
-    except (TypeError, ValueError) as exc:
-        raise InvalidEventError(f"{type_name!r} event is not valid JSON: {exc}") from None
-    redacted = redact(encoded)
-    if redacted != encoded:  # a secret in the payload: store the redacted document
-        encoded = payload_json(json.loads(redacted))
-    return {
-        "event_id": event.event_id,
-        "stream_id": stream_id,
-        "type": type_name,
-        "data": encoded,
-        "recorded_at": recorded_at,
-    }
-
-
-def follows(stream_id: str, version: int, event_id: str) -> Callable[[Connection], None]:
-    """An append condition: the event at `version` of `stream_id`, if stored, is `event_id`.
-
-    For a writer that queues appends before the earlier ones commit (a rollout's calls,
-    each expecting the version the previous one will make): when an earlier one is refused
-    and another writer's event takes its version, the next one would otherwise be written
-    after that event. Not stored yet (it is in the same transaction) passes: the unique
-    (stream, version) key settles that case.
-    """
-
-    def condition(connection: Connection) -> None:
-        found = connection.execute(
-            select(events.c.event_id).where(
-                events.c.stream_id == stream_id, events.c.version == version
-            )
-        ).scalar()
-        if found is not None and found != event_id:
-            raise WrongExpectedVersionError(
-                stream_id,
-                version,
-                version,
-                f"stream {stream_id!r}: another writer's event took version {version}, "
-                "which this append was to follow; nothing was written",
-            )
-
-    return condition
-
-
-def _check_blob(digest: Any, text: Any) -> None:
-    """Content addressing holds only if every text is stored under its own hash."""
-    try:
-        actual = blob_hash(text)
-    except (AttributeError, UnicodeEncodeError) as exc:
-        raise InvalidEventError(
-            f"blob {str(digest)[:16]}...: its text must be a str that UTF-8 can hold "
-            f"({type(exc).__name__}); nothing was written"
-        ) from None
-    if actual != digest:
-        raise InvalidEventError(
-            f"blob {str(digest)[:16]}...: its text's SHA-256 is {actual[:16]}...; a blob is "
-            "stored under the SHA-256 of its text, nothing was written"
-        )
-
-
 def _hand_back(
     batch: list[_Append], rows: list[dict[str, Any]], positions: list[int], *, to_project: bool
 ) -> None:
@@ -904,37 +801,6 @@ def _hand_back(
         end = start + len(item.rows)
         mine = positions[start:end]
         if to_project:
-            item.recorded = _recorded(rows[start:end], mine)
+            item.recorded = recorded_events(rows[start:end], mine)
         item.result = AppendResult(item.stream_id, rows[end - 1]["version"], mine, True)
         start = end
-
-
-def _recorded(rows: list[dict[str, Any]], positions: list[int]) -> list[RecordedEvent]:
-    return [
-        RecordedEvent(
-            position=position,
-            event_id=row["event_id"],
-            stream_id=row["stream_id"],
-            version=row["version"],
-            type=row["type"],
-            data=load_payload(row["data"]),
-            recorded_at=row["recorded_at"],
-        )
-        for row, position in zip(rows, positions, strict=True)
-    ]
-
-
-def recorded_from_row(row: Any) -> RecordedEvent:
-    data = row.data if isinstance(row.data, dict) else json.loads(row.data)
-    recorded_at = row.recorded_at
-    if recorded_at.tzinfo is None:  # SQLite keeps no zone; artstore writes UTC
-        recorded_at = recorded_at.replace(tzinfo=UTC)
-    return RecordedEvent(
-        position=row.position,
-        event_id=row.event_id,
-        stream_id=row.stream_id,
-        version=row.version,
-        type=row.type,
-        data=data,
-        recorded_at=recorded_at,
-    )

@@ -15,7 +15,8 @@ from typing import Any
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import Select
 
-from artstore.eventstore.recorder import Recorder, recorder_of
+from artstore.eventstore.database import recorder_of
+from artstore.eventstore.recorder import Recorder
 
 
 def stream_heads(connection: Connection, stream_ids: Iterable[str]) -> dict[str, int]:

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from artstore.arguments import unstorable_character
 from artstore.collector import collector_paused
 from artstore.errors import ArtstoreError, EventError, ExchangeFormatError, ImportConflictError
 from artstore.events import (
@@ -50,6 +49,7 @@ from artstore.events import (
 )
 from artstore.eventstore.blobs import encode_blob, payload_json
 from artstore.eventstore.store import MAX_EVENTS_PER_TRANSACTION, NO_STREAM, PendingAppend
+from artstore.names import unstorable_character
 from artstore.schema import tables as t
 
 if TYPE_CHECKING:

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from artstore.arguments import find_non_finite
 from artstore.art_versions import exchanges_problem
-from artstore.capture.messages import dump_model
+from artstore.documents.messages import dump_model
 from artstore.errors import ExchangeFormatError, NotFoundError
 from artstore.events import GroupSealed, RewardsRecorded, RunImported
 from artstore.exchange.files import existing_file, written_in_place

@@ -74,6 +74,7 @@ from artstore.exchange.importer import (
     file_sha256,
 )
 from artstore.exchange.source import ExportSummary, GroupOutline, load_run
+from artstore.groups import scored_rollouts
 
 if TYPE_CHECKING:
     import art
@@ -132,8 +133,6 @@ async def export_parquet(
     trained model by default, e.g. another model that replayed the run). Existing files are
     refused unless `force`.
     """
-    from artstore.training.groups import scored_rollouts
-
     out = Path(out)
     if (out.exists() or out.is_symlink()) and not out.is_dir():  # (a link to a folder is one)
         raise ExportTargetError(

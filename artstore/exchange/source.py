@@ -14,6 +14,7 @@ from sqlalchemy import select
 
 from artstore.errors import NotFoundError
 from artstore.events import GroupSealed, RolloutFailed, RolloutFinished, RolloutStarted
+from artstore.groups import sealed_groups
 from artstore.schema import tables as t
 
 if TYPE_CHECKING:
@@ -116,7 +117,6 @@ async def load_run(store: Store, run: str) -> RunOutline:
             ).where(t.group_consumptions.c.group_id.in_(group_ids[start : start + 500]))
             for row in await connection.execute(query):
                 consumed.setdefault(row.group_id, {})[row.model] = row.step
-    from artstore.training.groups import sealed_groups
 
     sealed = await sealed_groups(store, [g.group_id for g in groups])
     done = [r for r in rollouts if r.status in ("finished", "failed")]

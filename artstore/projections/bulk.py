@@ -52,7 +52,8 @@ from artstore.events import (
     TrajectoryImported,
     TrajectoryRecorded,
 )
-from artstore.eventstore.recorder import Recorder, recorder_of
+from artstore.eventstore.database import recorder_of
+from artstore.eventstore.recorder import Recorder
 from artstore.eventstore.store import RecordedEvent, recorded_from_row
 from artstore.eventstore.streams import events_of_streams
 from artstore.projections import rollout_rewards, trained

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
+from artstore.art_versions import history_class, trajectory_exchanges
 from artstore.events import TrajectoryImported
 from artstore.eventstore.blobs import read_blob_texts
 
@@ -72,8 +73,6 @@ def imported_trajectory(
 ) -> art.Trajectory:
     """The `art.Trajectory` of an imported rollout; reward and metrics as for any rollout."""
     from art.trajectories import Trajectory
-
-    from artstore.art_versions import history_class, trajectory_exchanges
 
     history = history_class()  # LegacyHistory on ART >= 0.5.20
 

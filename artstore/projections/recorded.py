@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from artstore.art_versions import has_exchanges, history_class
 from artstore.events import TrajectoryRecorded
 from artstore.projections.imported import history_items
 
@@ -48,8 +49,6 @@ def recorded_trajectory(
     trajectory's own metrics, as for every projected trajectory.
     """
     from art.trajectories import Trajectory
-
-    from artstore.art_versions import has_exchanges, history_class
 
     history = history_class()
     details = bodies[event.details]

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.engine import Connection
 
-from artstore.eventstore.recorder import recorder_of
+from artstore.eventstore.database import recorder_of
 from artstore.schema import tables as t
 
 CHUNK = 500  # ids per IN list

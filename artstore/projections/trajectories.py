@@ -16,7 +16,7 @@ of its latest call.
   sent, each assistant message among them replaced by the `Choice` it came from (the
   first choice of an earlier call of the conversation, matched by content and tool
   calls), and the call's own first `Choice` last, as the client returned it
-  (`artstore.capture.exchanges.chat_completion`). The same rule merges them, an
+  (`artstore.documents.exchanges.chat_completion`). The same rule merges them, an
   assistant message equalling the `Choice` it came from.
 
 The two kinds never continue each other's conversations; conversations are in the order
@@ -45,10 +45,11 @@ from langchain_core.messages import (
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.engine import Connection
 
-from artstore.capture import exchanges as http_documents
-from artstore.capture.messages import count_logprobs, from_json
+from artstore.art_versions import build_exchange, exchange_trajectory, history_class
+from artstore.documents import exchanges as http_documents
+from artstore.documents.messages import count_logprobs, from_json
 from artstore.eventstore.blobs import StoredBlob, read_stored_blobs
-from artstore.eventstore.recorder import recorder_of
+from artstore.eventstore.database import recorder_of
 from artstore.eventstore.streams import events_of_streams
 from artstore.schema.tables import events
 
@@ -113,8 +114,6 @@ class HttpCall:
 
     def exchange(self) -> Any:
         """ART's exchange for this call, as ART's capture built it."""
-        from artstore.art_versions import build_exchange
-
         return build_exchange(
             self.endpoint,
             self.request,
@@ -570,8 +569,6 @@ def build_trajectory(
     }
     exchanges = calls.exchanges()
     if exchanges:
-        from artstore.art_versions import exchange_trajectory
-
         return exchange_trajectory(exchanges, **fields)
     return legacy_trajectory(calls.conversations(), **fields)
 
@@ -580,8 +577,6 @@ def legacy_trajectory(conversations: list[Conversation], **fields: Any) -> art.T
     """`messages_and_choices`, `tools` and `additional_histories` from the conversations."""
     from art.langgraph.message_utils import convert_langgraph_messages
     from art.trajectories import Trajectory
-
-    from artstore.art_versions import history_class
 
     history = history_class()  # LegacyHistory on ART >= 0.5.20
 

@@ -50,7 +50,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ColumnElement, Select
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
-from sqlalchemy.sql.selectable import TableClause, TableValuedAlias
+from sqlalchemy.sql.selectable import Subquery, TableClause, TableValuedAlias
 
 from artstore.schema import tables as t
 
@@ -609,8 +609,9 @@ def _v_latest_rewards() -> Select:
     )
 
 
-def _v_groups() -> Select:
-    g, gc = t.groups, t.group_consumptions
+def _group_reward_stats() -> tuple[Subquery, Subquery]:
+    """Per group and scorer, its policy rewards' count, mean, min and max and its validation
+    rewards' mean (`stats`), and their variance (`spread`)."""
     latest = _latest_rewards("latest")
     policy = _is_policy(latest.c.role)
     policy_reward = case((policy, latest.c.reward))
@@ -647,6 +648,12 @@ def _v_groups() -> Select:
         .group_by(again.c.group_id, again.c.scorer)
         .subquery("spread")
     )
+    return stats, spread
+
+
+def _v_groups() -> Select:
+    g, gc = t.groups, t.group_consumptions
+    stats, spread = _group_reward_stats()
     # A group whose rewards are all equal has exactly 0 (ART learns nothing from it).
     reward_std = case(
         (stats.c.reward_max == stats.c.reward_min, literal(0.0, Float())),

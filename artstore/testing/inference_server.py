@@ -28,6 +28,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
 import re
 import secrets
 import sys
@@ -556,6 +557,9 @@ class LocalInferenceServer:
         latency_s: seconds to wait before answering each chat request.
         chunk_interval_s: seconds to wait between the chunks of a streamed answer.
         fail_when: `fail_when(request_body) -> bool`; True answers HTTP 500 (error-path tests).
+        request_log: a file to which each authenticated chat request is appended, as one
+            JSON line (`pid`, `messages`: how many, `stream`), before it is answered; a
+            process killed mid-run leaves the requests it received there.
         host, port: where to listen; port 0 picks a free port.
     """
 
@@ -568,6 +572,7 @@ class LocalInferenceServer:
         latency_s: float = 0.0,
         chunk_interval_s: float = 0.0,
         fail_when: Callable[[JSON], bool] | None = None,
+        request_log: str | os.PathLike[str] | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -577,6 +582,7 @@ class LocalInferenceServer:
         self.latency_s = latency_s
         self.chunk_interval_s = chunk_interval_s
         self.fail_when = fail_when
+        self.request_log = request_log
         self.host = host
         self._requested_port = port
         self._lock = threading.Lock()
@@ -667,6 +673,23 @@ class LocalInferenceServer:
             ],
         }
 
+    def _log_request(self, request: JSON) -> None:
+        """One line, written with one `write` on an O_APPEND file and synced, so that
+        requests from several processes never interleave and a kill loses none."""
+        messages = request.get("messages")
+        line = {
+            "pid": os.getpid(),
+            "messages": len(messages) if isinstance(messages, list) else 0,
+            "stream": bool(request.get("stream")),
+        }
+        assert self.request_log is not None
+        descriptor = os.open(self.request_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(descriptor, (json.dumps(line) + "\n").encode())
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
     def _handle_chat(self, handler: _Handler, request: JSON) -> None:
         n = max(1, int(request.get("n") or 1))
         with self._lock:
@@ -674,6 +697,8 @@ class LocalInferenceServer:
             key = _prompt_key(request)
             sample_index = self._prompt_counts[key]
             self._prompt_counts[key] += n
+            if self.request_log is not None:
+                self._log_request(request)
         if self.latency_s > 0:
             time.sleep(self.latency_s)
         try:

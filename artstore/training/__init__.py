@@ -1,7 +1,9 @@
 """Training on events: the training loop with resume, replay and re-scoring."""
 
+from artstore.errors import RolloutsFailedError
 from artstore.training.config import TrainingConfig
-from artstore.training.framework import RolloutsFailedError, RunSummary, TrainingFramework, train
+from artstore.training.framework import TrainingFramework, train
+from artstore.training.recipe import RunSummary
 from artstore.training.steps import BackendStepError, TrainStepError
 
 __all__ = [

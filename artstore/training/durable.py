@@ -14,9 +14,12 @@ through `art.langgraph` or artstore's captured clients are recorded too) and rec
 `art.Trajectory` it returns whole (`trajectory.recorded`), under a group that is named
 by the run, the model's step and the scenario. Run the loop again after a crash and the
 calls for that step and scenario get the trajectories that had finished, in any order,
-before anything is rolled out again; a group that was sealed is recorded again as it was
-(nothing new written), and the recording backend settles a train step the crash
-interrupted. So nothing finished is paid for twice, and no group is trained twice.
+before anything is rolled out again. A group that was sealed is final: its calls get its
+members, then the failures ART counted in it, raised again (`RolloutFailedBeforeError`),
+so it is recorded again as it was (nothing new written), never redone into or copied;
+the recording backend settles a train step the crash interrupted. So nothing finished is
+paid for twice, no trajectory is recorded twice, and no group is trained twice.
+`@art.retry` belongs on the rollout function given here: a retried rollout is then one.
 
 The scenario is the first argument that is not a model (or `scenario=` says what it is);
 it must be JSON (it is stored, and names the group with the step). A rollout function
@@ -41,8 +44,9 @@ from artstore.capture.rollout import to_json_value
 from artstore.errors import InvalidEventError, RolloutFailedBeforeError
 from artstore.events import GroupSealed
 from artstore.eventstore.blobs import canonical_json
+from artstore.groups import sealed_groups
+from artstore.projections.imported import load_bodies
 from artstore.schema import tables as t
-from artstore.training.groups import sealed_groups
 from artstore.training.recording import Blobs, stamp, trajectory_event
 
 if TYPE_CHECKING:
@@ -226,8 +230,6 @@ async def _finished_with_trajectory(store: Store, group_id: str) -> list[str]:
 
 async def _failures(store: Store, seal: GroupSealed) -> list[str]:
     """A line for each rollout ART counted as failed in the sealed group (its exceptions)."""
-    from artstore.projections.imported import load_bodies
-
     if seal.art_group is None:
         return []
     async with store.database.read() as connection:

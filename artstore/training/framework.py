@@ -36,32 +36,42 @@ import itertools
 import json
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
 
 from artstore.arguments import check_name
 from artstore.art_versions import lineage_name
 from artstore.capture.rollout import to_json_value
-from artstore.errors import ArtstoreError, ConfigurationError
+from artstore.errors import ConfigurationError, RolloutsFailedError
 from artstore.events import RunFinished, RunResumed, RunStarted
 from artstore.eventstore.blobs import canonical_json
 from artstore.eventstore.store import NO_STREAM
-from artstore.redaction import redacting_logger
-from artstore.training.config import TrainingConfig, check_count
-from artstore.training.groups import (
+from artstore.groups import (
+    GroupPlace,
     abandon_rollouts,
-    call_reward_function,
     group_id_for,
     group_rollouts,
-    group_stream,
     load_groups,
-    rewards_event,
-    sealed_event,
+    seal_group,
     sealed_groups,
     win_metrics,
 )
+from artstore.redaction import redacting_logger
+from artstore.schema import tables as t
+from artstore.store import open_store
+from artstore.training.config import TrainingConfig, check_count
+from artstore.training.from_workers import train_from_workers
 from artstore.training.lease import trainer_lease
+from artstore.training.recipe import (
+    AgentFunction,
+    Recipe,
+    RewardFunction,
+    RunSummary,
+    make_recipe,
+)
+from artstore.training.replay import policy_rewards
 from artstore.training.steps import (
     consumed_groups,
     model_key,
@@ -70,6 +80,7 @@ from artstore.training.steps import (
     train_groups,
     trainer_id,
 )
+from artstore.workers.claims import require_postgres
 
 if TYPE_CHECKING:
     import art
@@ -77,13 +88,6 @@ if TYPE_CHECKING:
     from artstore.store import Store
 
 log = redacting_logger("artstore.training")
-
-AgentFunction = Callable[[Any, str], Any]  # (scenario, rollout id) -> result, maybe awaitable
-RewardFunction = Callable[[Any, list[Any], list[Any]], Any]  # -> one reward per trajectory
-
-
-class RolloutsFailedError(ArtstoreError):
-    """Every policy rollout of a group failed; the run stops (resume rolls them out again)."""
 
 
 def batched(iterable: Iterable[Any], n: int) -> Iterable[tuple[Any, ...]]:
@@ -97,53 +101,6 @@ def batched(iterable: Iterable[Any], n: int) -> Iterable[tuple[Any, ...]]:
     iterator = iter(iterable)
     while batch := tuple(itertools.islice(iterator, n)):
         yield batch
-
-
-@dataclass
-class RunSummary:
-    """What one call of `run_training` did. A resumed run reports only this call's work."""
-
-    run: str
-    resumed: bool = False  # the run had been started before this call
-    start_step: int = 0  # the model's step when this call began (after reconciling)
-    final_step: int = 0  # the model's step when it returned
-    steps_trained: list[int] = field(default_factory=list)  # `TrainResult.step` of each step
-    groups_sealed: int = 0  # groups this call finished and sealed (the rest were sealed before)
-    rollouts: int = 0  # rollouts this call ran to the end, policy and validation
-    rollouts_failed: int = 0  # rollouts whose agent raised: recorded, left out of their group
-    reconciled: list[str] = field(default_factory=list)  # repairs after a crash, each an event
-
-
-@dataclass(frozen=True)
-class _Recipe:
-    """How each group is made: by whom, how many, scored how. One per run."""
-
-    model: Any
-    agent_function: AgentFunction
-    reward_function: RewardFunction
-    group_size: int
-    validation_model: Any = None
-    validation_samples: int = 0  # 0 without a validation model
-    scorer: str = "reward"
-
-
-@dataclass(frozen=True)
-class _Place:
-    """Where a group belongs. A run's group ids derive from (run, epoch, scenario)."""
-
-    group_id: str
-    run: str | None = None
-    epoch: int | None = None
-    batch: int | None = None
-    scenario_index: int | None = None
-
-    def __str__(self) -> str:
-        if self.run is None:
-            return f"group {self.group_id}"
-        return (
-            f"run {self.run!r}, epoch {self.epoch}, scenario {self.scenario_index} "
-            f"(group {self.group_id})"
-        )
 
 
 class TrainingFramework:
@@ -176,8 +133,6 @@ class TrainingFramework:
 
     async def store(self) -> Store:
         if self._store is None:
-            from artstore.store import open_store
-
             self._store = await open_store(self._url)
         return self._store
 
@@ -252,7 +207,7 @@ class TrainingFramework:
 
         The group belongs to no run (`run_training` makes groups of its own, resumable).
         """
-        recipe = _recipe(
+        recipe = make_recipe(
             model,
             agent_function,
             reward_function,
@@ -262,7 +217,7 @@ class TrainingFramework:
             scorer,
         )
         store = await self.store()
-        place = _Place(group_id=str(uuid.uuid4()))
+        place = GroupPlace(group_id=str(uuid.uuid4()))
         await self._seal_group(store, place, scenario, recipe, RunSummary(run=""))
         (group,) = await load_groups(store, [place.group_id], scorer)
         return group
@@ -358,19 +313,8 @@ class TrainingFramework:
         if not isinstance(config, TrainingConfig):
             raise ConfigurationError("config must be an artstore.TrainingConfig")
         check_name("run", run, optional=True)
-        if isinstance(scenarios, str | bytes | Mapping) or not isinstance(scenarios, Iterable):
-            raise ConfigurationError(
-                f"scenarios is a list of scenarios, not a {type(scenarios).__name__}"
-            )
-        scenarios = list(scenarios)
-        if not scenarios:
-            raise ConfigurationError("there are no scenarios to train on")
-        stored_scenarios = [_scenario_json(s, i) for i, s in enumerate(scenarios)]
-        if validation_model is not None and config.validation_samples == 0:
-            raise ConfigurationError(
-                "a validation model was given with validation_samples=0: it would never run"
-            )
-        recipe = _recipe(
+        scenarios, stored_scenarios = _checked_scenarios(scenarios, config, validation_model)
+        recipe = make_recipe(
             model,
             agent_function,
             reward_function,
@@ -384,8 +328,6 @@ class TrainingFramework:
         try:
             store = await self.store()
             if config.rollouts == "workers":
-                from artstore.workers.claims import require_postgres
-
                 require_postgres(store.database, "TrainingConfig(rollouts='workers')")
             # Keys of the models in use never reach an event (agent errors quote them).
             store.redact.add(
@@ -393,37 +335,49 @@ class TrainingFramework:
                 urls=[getattr(m, "inference_base_url", None) for m in (model, validation_model)],
             )
             async with trainer_lease(store.database, run, model_key(model)):
-                summary = RunSummary(run=run)
                 state = await self._start_or_resume(
                     store, run, model, stored_scenarios, config, validation_model
                 )
-                summary.resumed = state != "started"
-                total = config.epochs * -(-len(scenarios) // config.batch_size)
-                if state == "finished":
-                    summary.start_step = summary.final_step = await model.get_step()
-                    self._say(
-                        f"run {run} is already finished: its {total} train steps were trained "
-                        f"(model {model_key(model)} at step {summary.final_step}); nothing to do"
-                    )
-                    return summary
-                try:
-                    await self._train_run(store, run, scenarios, config, recipe, summary)
-                except Exception as exc:
-                    await _record_failure(store, run, exc)
-                    self._say(f"run {run} failed: {type(exc).__name__}: {exc}")
-                    raise
-                await store.append(f"run-{run}", [RunFinished(run=run)])
-                summary.final_step = await model.get_step()
-                self._say(
-                    f"run {run} finished: model {model_key(model)} at step {summary.final_step}; "
-                    f"this call trained {_count(len(summary.steps_trained), 'step')} and ran "
-                    f"{_count(summary.rollouts, 'rollout')} ({summary.rollouts_failed} failed)"
-                )
-                return summary
+                return await self._run_started(store, run, state, scenarios, config, recipe)
         finally:
             self._active_runs -= 1
             if self._active_runs == 0:
                 await self.close()
+
+    async def _run_started(
+        self,
+        store: Store,
+        run: str,
+        state: str,
+        scenarios: list[Any],
+        config: TrainingConfig,
+        recipe: Recipe,
+    ) -> RunSummary:
+        """The run trained to its end (or found finished), under its trainer's lease."""
+        model = recipe.model
+        summary = RunSummary(run=run, resumed=state != "started")
+        total = config.epochs * -(-len(scenarios) // config.batch_size)
+        if state == "finished":
+            summary.start_step = summary.final_step = await model.get_step()
+            self._say(
+                f"run {run} is already finished: its {total} train steps were trained "
+                f"(model {model_key(model)} at step {summary.final_step}); nothing to do"
+            )
+            return summary
+        try:
+            await self._train_run(store, run, scenarios, config, recipe, summary)
+        except Exception as exc:
+            await _record_failure(store, run, exc)
+            self._say(f"run {run} failed: {type(exc).__name__}: {exc}")
+            raise
+        await store.append(f"run-{run}", [RunFinished(run=run)])
+        summary.final_step = await model.get_step()
+        self._say(
+            f"run {run} finished: model {model_key(model)} at step {summary.final_step}; "
+            f"this call trained {_count(len(summary.steps_trained), 'step')} and ran "
+            f"{_count(summary.rollouts, 'rollout')} ({summary.rollouts_failed} failed)"
+        )
+        return summary
 
     # --- internals ------------------------------------------------------------------------
 
@@ -433,7 +387,7 @@ class TrainingFramework:
         run: str,
         scenarios: list[Any],
         config: TrainingConfig,
-        recipe: _Recipe,
+        recipe: Recipe,
         summary: RunSummary,
     ) -> None:
         model = recipe.model
@@ -453,11 +407,11 @@ class TrainingFramework:
                 f"{_count(batches_per_epoch, 'batch', 'batches')} ({_count(total, 'train step')}), "
                 f"{_count(config.group_size, 'rollout')} per scenario"
             )
-        batches: list[tuple[list[_Place], list[Any]]] = []
+        batches: list[tuple[list[GroupPlace], list[Any]]] = []
         for epoch in range(config.epochs):
             for number, batch in enumerate(batched(indexed, config.batch_size)):
                 places = [
-                    _Place(
+                    GroupPlace(
                         group_id=group_id_for(run, epoch, index),
                         run=run,
                         epoch=epoch,
@@ -468,8 +422,6 @@ class TrainingFramework:
                 ]
                 batches.append((places, [s for _, s in batch]))
         if config.rollouts == "workers":
-            from artstore.training.from_workers import train_from_workers
-
             places_only = [places for places, _ in batches]
             await train_from_workers(
                 store,
@@ -495,9 +447,9 @@ class TrainingFramework:
     async def _train_batch(
         self,
         store: Store,
-        places: list[_Place],
+        places: list[GroupPlace],
         scenarios: list[Any],
-        recipe: _Recipe,
+        recipe: Recipe,
         config: TrainingConfig,
         summary: RunSummary,
         total: int,
@@ -529,7 +481,7 @@ class TrainingFramework:
         self,
         store: Store,
         summary: RunSummary,
-        recipe: _Recipe,
+        recipe: Recipe,
         where: str,
         before: int,
         result: Any,
@@ -538,11 +490,10 @@ class TrainingFramework:
         """One line per train step: where it was, the step it made, its mean reward."""
         if not self.progress:
             return
-        from artstore.training.replay import _policy_rewards
 
         rewards = [
             r
-            for found in (await _policy_rewards(store, group_ids, recipe.scorer)).values()
+            for found in (await policy_rewards(store, group_ids, recipe.scorer)).values()
             for r in found
         ]
         mean = f", reward mean {sum(rewards) / len(rewards):.3g}" if rewards else ""
@@ -552,7 +503,7 @@ class TrainingFramework:
         )
 
     async def _seal_group(
-        self, store: Store, place: _Place, scenario: Any, recipe: _Recipe, summary: RunSummary
+        self, store: Store, place: GroupPlace, scenario: Any, recipe: Recipe, summary: RunSummary
     ) -> None:
         """Finish what a group lacks (rollouts, rewards), then seal it, unless it is sealed."""
         if await sealed_groups(store, [place.group_id]):
@@ -613,42 +564,18 @@ class TrainingFramework:
                     f"(first: {type(failures[0]).__name__}: {failures[0]})"
                 ),
             )
-        ids = [*done.policy, *done.validation]
-        trajectories = await store.trajectories(ids)
-        rewards = await call_reward_function(
-            recipe.reward_function,
-            stored_json(scenario),  # as `artstore rescore` will give it: the same inputs
-            [done.results[i] for i in ids],
-            [trajectories[i] for i in ids],
-            str(place),
+        rewards = await seal_group(
+            store,
+            place,
+            done,
+            scenario=scenario,
+            reward_function=recipe.reward_function,
+            scorer=recipe.scorer,
         )
         if done.validation:
             policy, validation = rewards[: len(done.policy)], rewards[len(done.policy) :]
             rates = [m["win_rate"] for m in win_metrics(policy, validation)]
             log.info("%s: win rate %.3f", place, sum(rates) / len(rates))
-        # Rewards and seal in one append: a group stream holds both or nothing.
-        await store.append(
-            group_stream(place.group_id),
-            [
-                rewards_event(
-                    place.group_id,
-                    recipe.scorer,
-                    done.policy,
-                    done.validation,
-                    rewards,
-                    rescored=False,
-                ),
-                sealed_event(
-                    place.group_id,
-                    run=place.run,
-                    epoch=place.epoch,
-                    batch=place.batch,
-                    scenario_index=place.scenario_index,
-                    rollouts=done,
-                ),
-            ],
-            expected_version=NO_STREAM,
-        )
         summary.groups_sealed += 1
 
     async def _start_or_resume(
@@ -726,9 +653,6 @@ class TrainingFramework:
 async def run_is_finished(store: Store, run: str, model: Any, scenarios: int, epochs: int) -> bool:
     """The run is recorded as finished and `model` trained every group of its `epochs`
     (`run_training` of it again has nothing to do)."""
-    from sqlalchemy import select
-
-    from artstore.schema import tables as t
 
     async with store.database.read() as connection:
         status = (
@@ -742,32 +666,25 @@ async def run_is_finished(store: Store, run: str, model: Any, scenarios: int, ep
     return len(await consumed_groups(store, model, wanted)) == len(wanted)
 
 
-def _recipe(
-    model: Any,
-    agent_function: AgentFunction,
-    reward_function: RewardFunction,
-    group_size: int,
-    validation_model: Any,
-    validation_samples: int,
-    scorer: str,
-) -> _Recipe:
-    check_count("group_size", group_size)
-    check_count("validation_samples", validation_samples, allow_zero=True)
-    for name, function in [
-        ("agent_function", agent_function),
-        ("reward_function", reward_function),
-    ]:
-        if not callable(function):
-            raise ConfigurationError(f"{name} must be callable, got {function!r}")
-    return _Recipe(
-        model=model,
-        agent_function=agent_function,
-        reward_function=reward_function,
-        group_size=group_size,
-        validation_model=validation_model,
-        validation_samples=validation_samples if validation_model is not None else 0,
-        scorer=scorer,
-    )
+def _checked_scenarios(
+    scenarios: Any, config: Any, validation_model: Any
+) -> tuple[list[Any], list[Any]]:
+    """The scenarios as a list, and as stored; or a ConfigurationError that says why not."""
+    if not isinstance(config, TrainingConfig):
+        raise ConfigurationError("config must be an artstore.TrainingConfig")
+    if isinstance(scenarios, str | bytes | Mapping) or not isinstance(scenarios, Iterable):
+        raise ConfigurationError(
+            f"scenarios is a list of scenarios, not a {type(scenarios).__name__}"
+        )
+    scenarios = list(scenarios)
+    if not scenarios:
+        raise ConfigurationError("there are no scenarios to train on")
+    stored_scenarios = [_scenario_json(s, i) for i, s in enumerate(scenarios)]
+    if validation_model is not None and config.validation_samples == 0:
+        raise ConfigurationError(
+            "a validation model was given with validation_samples=0: it would never run"
+        )
+    return scenarios, stored_scenarios
 
 
 async def _settle(awaitables: Iterable[Awaitable[Any]]) -> list[Any]:
@@ -793,11 +710,6 @@ async def _record_failure(store: Store, run: str, exc: Exception) -> None:
         )
     except Exception as append_error:
         log.warning("run %s: could not record its failure: %s", run, append_error)
-
-
-def stored_json(value: Any) -> Any:
-    """`value` as the store gives it back (a JSON round trip of `to_json_value`)."""
-    return json.loads(canonical_json(to_json_value(value)))
 
 
 def _scenario_json(scenario: Any, index: int) -> Any:

@@ -21,8 +21,10 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from artstore.errors import ArtstoreError, RewardFunctionError
+from artstore.errors import ArtstoreError, RewardFunctionError, RolloutsFailedError
+from artstore.groups import GroupPlace
 from artstore.redaction import redact_url
+from artstore.training.recipe import Recipe, RunSummary
 from artstore.training.steps import consumed_groups, model_key, train_groups, trainer_id
 from artstore.workers import claims
 from artstore.workers.claims import GroupPlan
@@ -31,7 +33,6 @@ from artstore.workers.notify import Wakeups
 if TYPE_CHECKING:
     from artstore.store import Store
     from artstore.training.config import TrainingConfig
-    from artstore.training.framework import RunSummary, _Place, _Recipe
 
 log = logging.getLogger("artstore.training")
 
@@ -42,11 +43,11 @@ REPORT_EVERY_S = 60.0  # how often a trainer waiting for workers says so
 async def train_from_workers(
     store: Store,
     run: str,
-    batches: Sequence[Sequence[_Place]],
+    batches: Sequence[Sequence[GroupPlace]],
     config: TrainingConfig,
-    recipe: _Recipe,
+    recipe: Recipe,
     summary: RunSummary,
-    on_step: Callable[[Sequence[_Place], int, Any], Awaitable[None]] | None = None,
+    on_step: Callable[[Sequence[GroupPlace], int, Any], Awaitable[None]] | None = None,
 ) -> None:
     """Train the run's batches in order from groups sealed by workers.
 
@@ -68,18 +69,7 @@ async def train_from_workers(
         max_steps_off_policy=config.max_steps_off_policy,
         policy_step=await model.get_step(),
         next_batch=next_batch,
-        groups=[
-            GroupPlan(
-                group_id=place.group_id,
-                epoch=place.epoch or 0,
-                batch=place.batch or 0,
-                scenario_index=place.scenario_index or 0,
-                policy=recipe.group_size,
-                validation=recipe.validation_samples,
-            )
-            for places in batches
-            for place in places
-        ],
+        groups=[_group_plan(place, recipe) for places in batches for place in places],
     )
     try:
         async with Wakeups(database, run) as wakeups:
@@ -123,7 +113,7 @@ async def train_from_workers(
 
 
 async def _wait_until_sealed(
-    store: Store, wakeups: Wakeups, run: str, batch: int, places: Sequence[_Place]
+    store: Store, wakeups: Wakeups, run: str, batch: int, places: Sequence[GroupPlace]
 ) -> None:
     """Return once every group of `places` is sealed; raise if a worker could not seal one."""
     loop = asyncio.get_running_loop()
@@ -150,9 +140,19 @@ async def _wait_until_sealed(
         await wakeups.wait(SAFETY_NET_S)
 
 
-def _group_failure(place: _Place, error: str | None) -> ArtstoreError:
-    from artstore.training.framework import RolloutsFailedError
+def _group_plan(place: GroupPlace, recipe: Recipe) -> GroupPlan:
+    """The group as claimable work: where it belongs, how many rollouts of each role."""
+    return GroupPlan(
+        group_id=place.group_id,
+        epoch=place.epoch or 0,
+        batch=place.batch or 0,
+        scenario_index=place.scenario_index or 0,
+        policy=recipe.group_size,
+        validation=recipe.validation_samples,
+    )
 
+
+def _group_failure(place: GroupPlace, error: str | None) -> ArtstoreError:
     kind, _, message = (error or "").partition(": ")
     kinds: dict[str, type[ArtstoreError]] = {
         "RolloutsFailedError": RolloutsFailedError,
@@ -163,7 +163,7 @@ def _group_failure(place: _Place, error: str | None) -> ArtstoreError:
     return ArtstoreError(f"a worker could not seal {place}: {error}")
 
 
-def _inference_settings(recipe: _Recipe) -> dict[str, Any]:
+def _inference_settings(recipe: Recipe) -> dict[str, Any]:
     """How workers reach each role's model: everything but the API key."""
     settings = {"policy": _model_settings(recipe.model, trainable=True)}
     if recipe.validation_model is not None:

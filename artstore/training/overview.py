@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import and_, func, select
 
 from artstore.schema import tables as t
-from artstore.training.replay import run_info
+from artstore.training.lease import trainers_gone
+from artstore.training.runs import model_name, own_models, run_info
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection
@@ -49,16 +50,6 @@ def timestamp_text(value: datetime | None) -> str | None:
     return value.astimezone(UTC).strftime(TIMESTAMP_FORMAT)
 
 
-def model_name(run: Any) -> str:
-    """The run's model as "project/name" (its name alone when no project is known)."""
-    return f"{run.project}/{run.model}" if run.project else run.model
-
-
-def own_models(run: Any) -> set[str]:
-    """The keys under which the run's own model trains ("project/name")."""
-    return {f"{run.project}/{run.model}", run.model}
-
-
 def _latest_rewards():
     """Subquery: the latest reward row of each (rollout, scorer)."""
     r = t.rewards
@@ -76,8 +67,6 @@ async def list_runs(store: Store) -> list[Row]:
     A run recorded as running whose trainer is gone has the status `stale`
     (`artstore.training.lease.trainers_gone`).
     """
-    from artstore.training.lease import trainers_gone
-
     ru, ro, g, gc, ts = t.runs, t.rollouts, t.groups, t.group_consumptions, t.train_steps
     async with store.database.read() as c:
         runs = (await c.execute(select(ru).order_by(ru.c.started_at, ru.c.run))).all()
@@ -167,8 +156,6 @@ async def describe_run(store: Store, run: str) -> dict[str, Any]:
     Sections: "run" (one dict), then lists of rows: "steps", "groups", "rewards",
     "consumption", "failures".
     """
-    from artstore.training.lease import trainers_gone
-
     info = await run_info(store, run)
     stale = info.status == "running" and bool(
         await trainers_gone(

@@ -45,9 +45,9 @@ from artstore.art_versions import has_pipeline_trainer, rewards_have_zero_varian
 from artstore.capture.group import GroupCalls, GroupCapture, capture_group
 from artstore.capture.rollout import to_json_value
 from artstore.errors import ConfigurationError
+from artstore.groups import load_groups
 from artstore.schema import tables as t
 from artstore.training.backend import RecordingBackend, recording_backend
-from artstore.training.groups import load_groups
 from artstore.training.recording import record_group_with_calls, record_unattributed_calls
 from artstore.training.runs import finish_run, run_scorer, start_run
 from artstore.training.steps import consumed_groups

@@ -25,6 +25,7 @@ import math
 import numbers
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -39,8 +40,8 @@ from artstore.arguments import (
     check_whole_numbers,
 )
 from artstore.art_versions import has_exchange_data
-from artstore.capture.exchanges import redact_choice, redact_exchanges
 from artstore.capture.rollout import rollout_stream, to_json_value
+from artstore.documents.exchanges import redact_choice, redact_exchanges
 from artstore.errors import ConfigurationError, InvalidEventError
 from artstore.events import (
     GroupSealed,
@@ -54,8 +55,8 @@ from artstore.events import (
 )
 from artstore.eventstore.blobs import blob_hash
 from artstore.eventstore.store import NO_STREAM, PendingAppend
+from artstore.groups import abandon_rollouts, group_stream, sealed_groups
 from artstore.schema import tables as t
-from artstore.training.groups import abandon_rollouts, group_stream, sealed_groups
 from artstore.training.runs import ensure_run
 
 if TYPE_CHECKING:
@@ -240,7 +241,7 @@ def _same_content(a: TrajectoryRecorded, b: TrajectoryRecorded) -> bool:
 
 
 async def _rollout_state(store: Store, rollout_ids: list[str]) -> dict[str, Any]:
-    """Rows of the rollouts, with `sealed`: whether their group is sealed."""
+    """Rows of the rollouts: status, group, whether the group is sealed, and its run."""
     if not rollout_ids:
         return {}
     async with store.database.read() as connection:
@@ -252,16 +253,34 @@ async def _rollout_state(store: Store, rollout_ids: list[str]) -> dict[str, Any]
             )
         ).all()
         group_ids = list({r.group_id for r in rows if r.group_id})
-        sealed = set(
+        sealed = dict(
             (
                 await connection.execute(
-                    select(t.groups.c.group_id).where(t.groups.c.group_id.in_(group_ids))
+                    select(t.groups.c.group_id, t.groups.c.run).where(
+                        t.groups.c.group_id.in_(group_ids)
+                    )
                 )
-            )
-            .scalars()
-            .all()
+            ).all()
         )
-    return {r.rollout_id: (r.status, r.group_id, r.group_id in sealed) for r in rows}
+    return {
+        r.rollout_id: (r.status, r.group_id, r.group_id in sealed, sealed.get(r.group_id))
+        for r in rows
+    }
+
+
+def _check_not_sealed_elsewhere(claimed: list[Any], state: dict[str, Any], run: str) -> None:
+    """Refuse a trajectory that is a member of a sealed group of `run` (recorded again in
+    another composition): a copy of it in a second group would be trained twice."""
+    for index, claim in enumerate(claimed):
+        found = state.get(claim) if isinstance(claim, str) else None
+        if found is not None and found[0] == "finished" and found[2] and found[3] == run:
+            raise ConfigurationError(
+                f"run {run!r}: trajectory {index} is rollout {claim}, already in sealed group "
+                f"{found[1]}, and this group is not that one: a trajectory belongs to one "
+                "group, so that it is trained once. Record or train the sealed group as it "
+                f"was (artstore.run_groups, unconsumed_groups), or remove '{ROLLOUT_KEY}' "
+                "from the trajectory's metadata to record a copy on purpose"
+            )
 
 
 async def _group_members(store: Store, group_id: str) -> dict[str, list[str]]:
@@ -370,11 +389,7 @@ async def record_group_with_calls(
 ) -> str:
     """`record_group`, each new rollout with the LLM calls `calls` gives its trajectory
     (`artstore.capture.group`), in the transaction that records it."""
-    import art
-
-    if not isinstance(group, art.TrajectoryGroup):
-        raise ConfigurationError(f"record_group records an art.TrajectoryGroup, not {group!r}")
-    _check_arguments(store, run, model, scorer, group_id, scenario)
+    _check_arguments(store, group, run, model, scorer, group_id, scenario)
     check_whole_numbers(
         optional=True,
         batch=batch,
@@ -384,35 +399,94 @@ async def record_group_with_calls(
     )
     trajectories = list(group.trajectories)
     where = f"run {run!r}, group"
-    rewards = [  # refused before the run is started
-        check_reward(t.reward, f"{where}, trajectory {i}") for i, t in enumerate(trajectories)
-    ]
+    rewards = _checked_rewards(trajectories, where)  # refused before the run is started
     scorer = await ensure_run(store, run, model=model, scorer=scorer)
-    if model is not None:
+    if model is not None:  # the store refuses to write the model's key anywhere
         store.redact.add(
             [getattr(model, "inference_api_key", None)],
             urls=[getattr(model, "inference_base_url", None)],
         )
-    claimed = [t.metadata.get(ROLLOUT_KEY) for t in trajectories]
-    state = await _rollout_state(store, [c for c in claimed if isinstance(c, str)])
-    hinted = {group.metadata.get(GROUP_KEY)} | {t.metadata.get(GROUP_KEY) for t in trajectories}
-    hinted = {g for g in hinted if isinstance(g, str)}
+    claimed, hinted = _stamped_ids(group, trajectories)
 
     # The same group, sealed before with exactly these rollouts: nothing new but changes.
-    if group_id is None and len(hinted) == 1:
-        (hint,) = hinted
-        seal = (await sealed_groups(store, [hint])).get(hint)
-        if seal is not None and sorted(seal.rollout_ids) == sorted(map(str, claimed)):
-            await _sync(store, trajectories, [str(c) for c in claimed], rewards, hint, scorer)
-            _stamp_group(group, trajectories, [str(c) for c in claimed], hint)
-            return hint
+    if group_id is None and (hint := await _sealed_as_it_is(store, hinted, claimed)):
+        await _sync(store, trajectories, [str(c) for c in claimed], rewards, hint, scorer)
+        _stamp_group(group, trajectories, [str(c) for c in claimed], hint)
+        return hint
     if group_id is None:
         open_hints = [g for g in hinted if not (await sealed_groups(store, [g]))]
         group_id = open_hints[0] if len(open_hints) == 1 else new_id()
     elif await sealed_groups(store, [group_id]):
         raise ConfigurationError(f"group {group_id} is sealed already; it cannot be recorded again")
 
-    # Finished rollouts of this store, in no sealed group, are sealed as they are.
+    rollout_ids, new_rollouts = await _reuse_or_add(store, claimed, group_id, run)
+    rollouts = _GroupRollouts(
+        run=run,
+        group_id=group_id,
+        model=getattr(model, "name", None) or await _run_model(store, run),
+        scenario=to_json_value(scenario),
+        scenario_index=scenario_index,
+        policy_step=policy_step,
+        where=where,
+    )
+    appends = rollouts.new_appends(store, trajectories, new_rollouts, calls)
+    reused = [(i, r) for i, r in enumerate(rollout_ids) if (i, r) not in new_rollouts]
+    reused_trajectories = [trajectories[i] for i, _ in reused]
+    await _sync(store, reused_trajectories, [r for _, r in reused], None, group_id, scorer)
+    failed = await _failed_members(store, group_id, rollout_ids)
+    scored = RewardsRecorded(
+        group_id=group_id, scorer=scorer, rewards=dict(zip(rollout_ids, rewards, strict=True))
+    )
+    details = Blobs(store.redact)
+    sealed = GroupSealed(
+        group_id=group_id,
+        run=run,
+        epoch=epoch,
+        batch=batch,
+        scenario_index=scenario_index,
+        rollout_ids=rollout_ids,
+        failed_rollout_ids=failed,
+        art_group=details.add(_art_group_details(group), f"{where} metadata, metrics or logs"),
+    )
+    appends.append(PendingAppend(group_stream(group_id), [scored, sealed], NO_STREAM, details))
+    await _append_together(store, appends)
+    _stamp_group(group, trajectories, rollout_ids, group_id)
+    return group_id
+
+
+def _checked_rewards(trajectories: list[Any], where: str) -> list[float]:
+    return [check_reward(t.reward, f"{where}, trajectory {i}") for i, t in enumerate(trajectories)]
+
+
+def _stamped_ids(group: Any, trajectories: list[Any]) -> tuple[list[Any], set[str]]:
+    """The rollout id stamped on each trajectory (None where none is), and the group ids
+    stamped on the group and its trajectories (see the module docstring)."""
+    claimed = [t.metadata.get(ROLLOUT_KEY) for t in trajectories]
+    hinted = {group.metadata.get(GROUP_KEY)} | {t.metadata.get(GROUP_KEY) for t in trajectories}
+    return claimed, {g for g in hinted if isinstance(g, str)}
+
+
+async def _sealed_as_it_is(store: Store, hinted: set[str], claimed: list[Any]) -> str | None:
+    """The group the trajectories name, when it was sealed with exactly their rollouts."""
+    if len(hinted) != 1:
+        return None
+    (hint,) = hinted
+    seal = (await sealed_groups(store, [hint])).get(hint)
+    if seal is not None and sorted(seal.rollout_ids) == sorted(map(str, claimed)):
+        return hint
+    return None
+
+
+async def _reuse_or_add(
+    store: Store, claimed: list[Any], group_id: str, run: str
+) -> tuple[list[str], list[tuple[int, str]]]:
+    """The group's rollout ids, and (trajectory index, id) of those to record now.
+
+    Finished rollouts of this store, in no sealed group, are sealed as they are; one
+    already in a sealed group of the run is refused (see `_check_not_sealed_elsewhere`).
+    """
+    state = await _rollout_state(store, [c for c in claimed if isinstance(c, str)])
+    _check_not_sealed_elsewhere(claimed, state, run)
     rollout_ids: list[str] = []
     new_rollouts: list[tuple[int, str]] = []
     for index, claim in enumerate(claimed):
@@ -429,34 +503,53 @@ async def record_group_with_calls(
         else:
             rollout_ids.append(new_id())
             new_rollouts.append((index, rollout_ids[-1]))
-    model_name = getattr(model, "name", None) or await _run_model(store, run)
-    scenario_json = to_json_value(scenario)
-    pending = []
-    for index, rollout_id in new_rollouts:
-        blobs = Blobs(store.redact)
-        events = rollout_events(
-            trajectories[index],
-            rollout_id=rollout_id,
-            run=run,
-            group_id=group_id,
-            model=model_name,
-            scenario=scenario_json,
-            scenario_index=scenario_index,
-            policy_step=policy_step,
-            blobs=blobs,
-            where=f"{where}, trajectory {index}",
-        )
-        events[1:1] = numbered_calls(calls.of_trajectory.get(index, []) if calls else [], blobs)
-        pending.append((rollout_stream(rollout_id), events, blobs))
-    reused = [(i, r) for i, r in enumerate(rollout_ids) if (i, r) not in new_rollouts]
-    await _sync(
-        store,
-        [trajectories[i] for i, _ in reused],
-        [r for _, r in reused],
-        None,
-        group_id,
-        scorer,
-    )
+    return rollout_ids, new_rollouts
+
+
+@dataclass
+class _GroupRollouts:
+    """Where the new rollouts of a recorded group belong, and what they were given."""
+
+    run: str
+    group_id: str
+    model: str
+    scenario: Any
+    scenario_index: int | None
+    policy_step: int | None
+    where: str
+
+    def new_appends(
+        self,
+        store: Store,
+        trajectories: list[Any],
+        new_rollouts: list[tuple[int, str]],
+        calls: GroupCalls | None,
+    ) -> list[PendingAppend]:
+        """The events of each new rollout (its LLM calls included), encoded: nothing is
+        written yet, and what cannot be stored is refused now."""
+        appends = []
+        for index, rollout_id in new_rollouts:
+            blobs = Blobs(store.redact)
+            events = rollout_events(
+                trajectories[index],
+                rollout_id=rollout_id,
+                run=self.run,
+                group_id=self.group_id,
+                model=self.model,
+                scenario=self.scenario,
+                scenario_index=self.scenario_index,
+                policy_step=self.policy_step,
+                blobs=blobs,
+                where=f"{self.where}, trajectory {index}",
+            )
+            events[1:1] = numbered_calls(calls.of_trajectory.get(index, []) if calls else [], blobs)
+            appends.append(PendingAppend(rollout_stream(rollout_id), events, NO_STREAM, blobs))
+        return appends
+
+
+async def _failed_members(store: Store, group_id: str, rollout_ids: list[str]) -> list[str]:
+    """The group's failed rollouts besides `rollout_ids`; those still running are abandoned
+    (their process is gone: the group is sealed without them) and count as failed."""
     members = await _group_members(store, group_id)
     if members["running"]:
         await abandon_rollouts(
@@ -465,44 +558,28 @@ async def record_group_with_calls(
             why="the process running this rollout stopped (crash or kill) before it ended; "
             "its group was sealed without it",
         )
-    failed = [r for r in [*members["failed"], *members["running"]] if r not in rollout_ids]
-    details = Blobs(store.redact)
-    art_group = details.add(_art_group_details(group), f"{where} metadata, metrics or logs")
-    sealing = [
-        RewardsRecorded(
-            group_id=group_id, scorer=scorer, rewards=dict(zip(rollout_ids, rewards, strict=True))
-        ),
-        GroupSealed(
-            group_id=group_id,
-            run=run,
-            epoch=epoch,
-            batch=batch,
-            scenario_index=scenario_index,
-            rollout_ids=rollout_ids,
-            failed_rollout_ids=failed,
-            art_group=art_group,
-        ),
-    ]
-    # Everything was encoded (and refused, if it had to be) before anything is written.
-    # Queued together: the writer commits the new rollouts and the seal in one
-    # transaction, never split between two, so a crash leaves all or nothing (an append
-    # the database refuses fails alone: `append_together_nowait`).
-    appends = [
-        PendingAppend(stream_id, events, NO_STREAM, blobs) for stream_id, events, blobs in pending
-    ]
-    appends.append(PendingAppend(group_stream(group_id), sealing, NO_STREAM, details))
+    return [r for r in [*members["failed"], *members["running"]] if r not in rollout_ids]
+
+
+async def _append_together(store: Store, appends: list[PendingAppend]) -> None:
+    """Everything was encoded (and refused, if it had to be) before anything is written.
+    Queued together: the writer commits the new rollouts and the seal in one transaction,
+    never split between two, so a crash leaves all or nothing (an append the database
+    refuses fails alone: `append_together_nowait`)."""
     outcomes = await asyncio.gather(*store.append_together_nowait(appends), return_exceptions=True)
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
             raise outcome
-    _stamp_group(group, trajectories, rollout_ids, group_id)
-    return group_id
 
 
 def _check_arguments(
-    store: Store, run: Any, model: Any, scorer: Any, group_id: Any, scenario: Any
+    store: Store, group: Any, run: Any, model: Any, scorer: Any, group_id: Any, scenario: Any
 ) -> None:
     """`record_group`'s arguments, refused before anything is written (InvalidArgumentError)."""
+    import art
+
+    if not isinstance(group, art.TrajectoryGroup):
+        raise ConfigurationError(f"record_group records an art.TrajectoryGroup, not {group!r}")
     check_store(store)
     check_name("run", run)
     check_names(optional=True, scorer=scorer, group_id=group_id)

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sqlalchemy import func, select
 
+from artstore.advantages import group_advantages
 from artstore.arguments import check_json_object, check_name, check_store, check_whole_numbers
-from artstore.errors import ConfigurationError, NotFoundError
+from artstore.errors import ConfigurationError
+from artstore.groups import sealed_groups
 from artstore.schema import tables as t
 from artstore.training.lease import trainer_lease
+from artstore.training.runs import own_models, run_info
 from artstore.training.steps import consumed_groups, model_key, reconcile, train_groups
 
 if TYPE_CHECKING:
@@ -63,15 +66,6 @@ class ReplayPlan:
         return [group for step in self.steps for group in step]
 
 
-async def run_info(store: Store, run: str) -> Any:
-    """The `runs` row of `run`, or NotFoundError."""
-    async with store.database.read() as connection:
-        row = (await connection.execute(select(t.runs).where(t.runs.c.run == run))).first()
-    if row is None:
-        raise NotFoundError(f"no run {run!r} in this store (see `artstore runs`)")
-    return row
-
-
 async def stored_model_step(store: Store, model: str) -> int:
     """The step `model` ("project/name") reached by the train steps recorded here (0: none).
 
@@ -111,8 +105,6 @@ async def plan_replay(
     unconsumed. `model_step` replaces `await model.get_step()` (for plans made without
     a backend). Nothing is written.
     """
-    from artstore.backends.check_only import group_advantages
-
     if groups_per_step is not None and groups_per_step < 1:
         raise ConfigurationError(f"groups_per_step must be positive, got {groups_per_step}")
     if max_staleness is not None and max_staleness < 0:
@@ -122,6 +114,29 @@ async def plan_replay(
     if model_step is None:
         model_step = await model.get_step()
     plan = ReplayPlan(run=run, model=model_key(model), scorer=scorer, model_step=model_step)
+    groups, policy_steps = await _groups_of_run(store, run)
+    ids = [g.group_id for g in groups]
+    consumed = await consumed_groups(store, model, ids)
+    plan.consumed = len(consumed)
+    batches = _Batches(policy_steps, await _own_steps(store, info))
+    _plan_steps(
+        plan,
+        [g for g in batches.in_order(groups) if g.group_id not in consumed],
+        await policy_rewards(store, [g for g in ids if g not in consumed], scorer),
+        batches,
+        # Steps follow the run's batches; `groups_per_step` (or the run's `batch_size`)
+        # bounds them. A run whose batches say nothing trains in steps of
+        # `groups_per_step`, or all its groups in one step.
+        size=groups_per_step or info.config.get("batch_size"),
+        by_batch=groups_per_step is None,
+        max_staleness=max_staleness,
+        scale_rewards=scale_rewards,
+    )
+    return plan
+
+
+async def _groups_of_run(store: Store, run: str) -> tuple[list[Any], dict[str, int | None]]:
+    """The run's groups (id, batch, scenario) and the policy step of each group's rollouts."""
     async with store.database.read() as connection:
         groups = (
             await connection.execute(
@@ -142,48 +157,65 @@ async def plan_replay(
                 .group_by(t.rollouts.c.group_id)
             )
             policy_steps.update(rows.all())
-    consumed = await consumed_groups(store, model, ids)
-    plan.consumed = len(consumed)
-    rewards = await _policy_rewards(store, [g for g in ids if g not in consumed], scorer)
-    trained_at = await _own_steps(store, info)
+    return list(groups), policy_steps
 
-    def batch_key(group: Any) -> tuple[str, int] | None:
-        """What makes a batch of the run: its batch index, else the step of the run's own
-        model that trained the group (a loop of its own, PipelineTrainer), else the
-        policy step that made it; None when the run says nothing."""
+
+class _Batches:
+    """What makes a batch of the run: its batch index, else the step of the run's own model
+    that trained the group (a loop of its own, PipelineTrainer), else the policy step that
+    made it; None when the run says nothing."""
+
+    _KINDS: ClassVar[dict[str, int]] = {"batch": 0, "trained": 1, "policy": 2}
+
+    def __init__(self, policy_steps: dict[str, int | None], trained_at: dict[str, int]) -> None:
+        self.policy_steps = policy_steps
+        self.trained_at = trained_at
+
+    def of(self, group: Any) -> tuple[str, int] | None:
         if group.batch is not None:
             return ("batch", group.batch)
-        if group.group_id in trained_at:
-            return ("trained", trained_at[group.group_id])
-        policy_step = policy_steps.get(group.group_id)
+        if group.group_id in self.trained_at:
+            return ("trained", self.trained_at[group.group_id])
+        policy_step = self.policy_steps.get(group.group_id)
         return None if policy_step is None else ("policy", policy_step)
 
-    kinds = {"batch": 0, "trained": 1, "policy": 2}
-    groups = sorted(
-        groups,
-        key=lambda g: (
-            (3, 0) if batch_key(g) is None else (kinds[batch_key(g)[0]], batch_key(g)[1]),
-            g.scenario_index is None,
-            g.scenario_index or 0,
-        ),
-    )
-    # Steps follow the run's batches; `groups_per_step` (or the run's `batch_size`) bounds
-    # them. A run whose batches say nothing trains in steps of `groups_per_step`, or all
-    # its groups in one step.
-    size = groups_per_step or info.config.get("batch_size")
+    def in_order(self, groups: list[Any]) -> list[Any]:
+        """Batch by batch (those the run says nothing of last), scenario by scenario."""
+
+        def key(group: Any) -> tuple[Any, ...]:
+            batch = self.of(group)
+            return (
+                (3, 0) if batch is None else (self._KINDS[batch[0]], batch[1]),
+                group.scenario_index is None,
+                group.scenario_index or 0,
+            )
+
+        return sorted(groups, key=key)
+
+
+def _plan_steps(
+    plan: ReplayPlan,
+    groups: list[Any],
+    rewards: dict[str, list[float]],
+    batches: _Batches,
+    *,
+    size: int | None,
+    by_batch: bool,
+    max_staleness: int | None,
+    scale_rewards: bool,
+) -> None:
+    """The unconsumed `groups` planned into steps (or listed as unscored, or as stale)."""
     current_batch: Any = object()
     for group in groups:
-        if group.group_id in consumed:
-            continue
         if group.group_id not in rewards:
             plan.unscored.append(group.group_id)
             continue
         new_step = not plan.steps or (size is not None and len(plan.steps[-1]) >= size)
-        if groups_per_step is None and batch_key(group) != current_batch:
+        if by_batch and batches.of(group) != current_batch:
             new_step = True
         step_index = len(plan.steps) if new_step else len(plan.steps) - 1
-        policy_step = policy_steps.get(group.group_id)
-        staleness = None if policy_step is None else model_step + step_index - policy_step
+        policy_step = batches.policy_steps.get(group.group_id)
+        staleness = None if policy_step is None else plan.model_step + step_index - policy_step
         planned = PlannedGroup(
             group.group_id,
             group.batch,
@@ -200,14 +232,11 @@ async def plan_replay(
             plan.steps.append([])
         planned.step = step_index
         plan.steps[-1].append(planned)
-        current_batch = batch_key(group)
-    return plan
+        current_batch = batches.of(group)
 
 
 async def _own_steps(store: Store, info: Any) -> dict[str, int]:
     """Group id -> the step of the run's own model that trained it."""
-    from artstore.training.overview import own_models
-
     query = select(t.group_consumptions.c.group_id, t.group_consumptions.c.step).where(
         t.group_consumptions.c.run == info.run,
         t.group_consumptions.c.model.in_(sorted(own_models(info))),
@@ -216,12 +245,8 @@ async def _own_steps(store: Store, info: Any) -> dict[str, int]:
         return {row.group_id: row.step for row in await connection.execute(query)}
 
 
-async def _policy_rewards(
-    store: Store, group_ids: list[str], scorer: str
-) -> dict[str, list[float]]:
+async def policy_rewards(store: Store, group_ids: list[str], scorer: str) -> dict[str, list[float]]:
     """Latest rewards by `scorer` of each group's policy rollouts, in the group's order."""
-    from artstore.training.groups import sealed_groups
-
     sealed = await sealed_groups(store, group_ids)
     latest: dict[str, dict[str, float]] = {}
     async with store.database.read() as connection:

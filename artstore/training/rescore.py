@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -43,15 +43,15 @@ from artstore.errors import (
     RewardFunctionError,
 )
 from artstore.events import RewardsRecorded
-from artstore.schema import tables as t
-from artstore.training.groups import (
+from artstore.groups import (
     call_reward_function,
     group_rollouts,
     group_stream,
     rewards_event,
     sealed_groups,
 )
-from artstore.training.replay import run_info
+from artstore.schema import tables as t
+from artstore.training.runs import run_info
 
 if TYPE_CHECKING:
     from artstore.store import Store
@@ -101,18 +101,7 @@ async def rescore(
     called once with the groups left as they were, `on_start(total)` once with the number
     of groups to score, `on_group(group_id)` after each group is recorded.
     """
-    check_store(store)
-    check_names(run=run, scorer=scorer)
-    if group_ids is not None:
-        if isinstance(group_ids, str):
-            raise InvalidArgumentError("group_ids", "must be group ids (a list), not a str")
-        for group_id in group_ids:
-            check_name("group_id", group_id)
-    check_whole_number("concurrency", concurrency)
-    if concurrency < 1:
-        raise ConfigurationError(f"concurrency must be positive, got {concurrency}")
-    if not callable(reward_function):
-        raise ConfigurationError(f"the reward function {reward_function!r} is not callable")
+    _check_arguments(store, run, reward_function, scorer, group_ids, concurrency)
     info = await run_info(store, run)
     group_ids = await _groups_of_run(store, run, group_ids)
     sealed = await sealed_groups(store, group_ids)
@@ -124,26 +113,13 @@ async def rescore(
             on_skipped([g for g in group_ids if g in done_before])
     if on_start is not None:
         on_start(len(todo))
-    limit = asyncio.Semaphore(concurrency)
-    scored: set[str] = set()
-    failures: list[BaseException] = []
 
     async def score(group_id: str) -> None:
-        async with limit:
-            if failures:
-                return  # stop starting groups after the first failure
-            try:
-                await _score_group(
-                    store, run, info.scorer, group_id, sealed[group_id], scorer, reward_function
-                )
-            except Exception as exc:
-                failures.append(exc)
-                return
-        scored.add(group_id)
-        if on_group is not None:
-            on_group(group_id)
+        await _score_group(
+            store, run, info.scorer, group_id, sealed[group_id], scorer, reward_function
+        )
 
-    await asyncio.gather(*(score(g) for g in todo))
+    scored, failures = await _score_all(todo, score, concurrency, on_group)
     done = [g for g in todo if g in scored]
     if failures:
         first = failures[0]
@@ -156,6 +132,59 @@ async def rescore(
         first.add_note(summary)
         raise first
     return done
+
+
+def _check_arguments(
+    store: Any,
+    run: Any,
+    reward_function: Any,
+    scorer: Any,
+    group_ids: Any,
+    concurrency: Any,
+) -> None:
+    check_store(store)
+    check_names(run=run, scorer=scorer)
+    if group_ids is not None:
+        if isinstance(group_ids, str):
+            raise InvalidArgumentError("group_ids", "must be group ids (a list), not a str")
+        for group_id in group_ids:
+            check_name("group_id", group_id)
+    check_whole_number("concurrency", concurrency)
+    if concurrency < 1:
+        raise ConfigurationError(f"concurrency must be positive, got {concurrency}")
+    if not callable(reward_function):
+        raise ConfigurationError(f"the reward function {reward_function!r} is not callable")
+
+
+async def _score_all(
+    group_ids: list[str],
+    score: Callable[[str], Awaitable[None]],
+    concurrency: int,
+    on_group: Callable[[str], None] | None,
+) -> tuple[set[str], list[BaseException]]:
+    """`score` each group, `concurrency` at a time; after a failure no group is started.
+
+    Returns the groups scored and the failures.
+    """
+    limit = asyncio.Semaphore(concurrency)
+    scored: set[str] = set()
+    failures: list[BaseException] = []
+
+    async def score_one(group_id: str) -> None:
+        async with limit:
+            if failures:
+                return  # stop starting groups after the first failure
+            try:
+                await score(group_id)
+            except Exception as exc:
+                failures.append(exc)
+                return
+        scored.add(group_id)
+        if on_group is not None:
+            on_group(group_id)
+
+    await asyncio.gather(*(score_one(g) for g in group_ids))
+    return scored, failures
 
 
 async def _groups_of_run(store: Store, run: str, group_ids: Sequence[str] | None) -> list[str]:

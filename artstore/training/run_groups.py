@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from artstore.arguments import check_name, check_store, check_whole_number
+from artstore.groups import load_groups
 from artstore.schema import tables as t
-from artstore.training.groups import load_groups
+from artstore.training.backend import recording_backend_of
 from artstore.training.runs import run_scorer
 from artstore.training.steps import consumed_groups
 
@@ -61,8 +62,6 @@ async def unconsumed_groups(
     crash left open, with the backend's own step: a group the crashed step did train
     counts as consumed, one it did not is handed out again.
     """
-    from artstore.training.backend import recording_backend_of
-
     check_store(store)
     check_name("run", run)
     check_name("scorer", scorer, optional=True)

@@ -25,7 +25,12 @@ from artstore.arguments import (
     check_store,
 )
 from artstore.art_versions import lineage_name
-from artstore.errors import ConfigurationError, InvalidArgumentError, WrongExpectedVersionError
+from artstore.errors import (
+    ConfigurationError,
+    InvalidArgumentError,
+    NotFoundError,
+    WrongExpectedVersionError,
+)
 from artstore.events import RunFinished, RunImported, RunResumed, RunStarted
 from artstore.eventstore.store import NO_STREAM
 from artstore.schema import tables as t
@@ -144,3 +149,22 @@ async def run_scorer(store: Store, run: str) -> str:
             await connection.execute(select(t.runs.c.scorer).where(t.runs.c.run == run))
         ).scalar()
     return found or DEFAULT_SCORER
+
+
+async def run_info(store: Store, run: str) -> Any:
+    """The `runs` row of `run`, or NotFoundError."""
+    async with store.database.read() as connection:
+        row = (await connection.execute(select(t.runs).where(t.runs.c.run == run))).first()
+    if row is None:
+        raise NotFoundError(f"no run {run!r} in this store (see `artstore runs`)")
+    return row
+
+
+def model_name(run: Any) -> str:
+    """The run's model as "project/name" (its name alone when no project is known)."""
+    return f"{run.project}/{run.model}" if run.project else run.model
+
+
+def own_models(run: Any) -> set[str]:
+    """The keys under which the run's own model trains ("project/name")."""
+    return {f"{run.project}/{run.model}", run.model}

@@ -22,9 +22,9 @@ from sqlalchemy import func, select
 from artstore import art_versions
 from artstore.errors import ArtstoreError
 from artstore.events import CheckpointPushed, TrainStepCompleted, TrainStepFailed, TrainStepStarted
+from artstore.groups import load_groups
 from artstore.redaction import redacting_logger
 from artstore.schema import tables as t
-from artstore.training.groups import load_groups
 
 if TYPE_CHECKING:
     import art

@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from artstore.analysis.opening import open_for_reading
 from artstore.errors import ArtstoreError, NotFoundError
 from artstore.viewer import pages
 from artstore.viewer.templating import environment
@@ -167,7 +168,6 @@ def create_app(
             app.state.store = store
             yield
             return
-        from artstore.analysis.opening import open_for_reading
 
         app.state.store = await open_for_reading(url)
         try:

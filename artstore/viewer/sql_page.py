@@ -24,6 +24,7 @@ from urllib.parse import parse_qs
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from artstore.analysis import stream_query
 from artstore.analysis.bounded import Bounds, MiB
 from artstore.errors import QueryError, QueryRefusedError, ResultTooLargeError
 
@@ -125,8 +126,6 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _rows(store: Any, statement: str, timeout: float | None) -> SqlResult:
-    from artstore.analysis import stream_query
-
     result = SqlResult()
     try:
         async with stream_query(store, statement, timeout=timeout, bounds=BOUNDS) as found:

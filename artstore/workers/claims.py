@@ -238,48 +238,51 @@ async def register_run(
             .on_conflict_do_update(index_elements=["run"], set_=row)
         )
         for start in range(0, len(groups), 1000):
-            chunk = groups[start : start + 1000]
-            await connection.execute(
-                database.recorder.insert(group_claims)
-                .values(updated_at=NOW())
-                .on_conflict_do_nothing(),
-                [
-                    {
-                        "group_id": g.group_id,
-                        "run": run,
-                        "epoch": g.epoch,
-                        "batch": g.batch,
-                        "scenario_index": g.scenario_index,
-                        "status": "rolling",
-                        "token": 0,
-                    }
-                    for g in chunk
-                ],
-            )
-            slots = [
-                {
-                    "group_id": g.group_id,
-                    "slot": slot,
-                    "run": run,
-                    "batch": g.batch,
-                    "role": "policy" if slot < g.policy else "validation",
-                    "status": "open",
-                    "token": 0,
-                    "attempts": 0,
-                }
-                for g in chunk
-                for slot in range(g.policy + g.validation)
-            ]
-            await connection.execute(
-                database.recorder.insert(rollout_claims)
-                .values(updated_at=NOW())
-                .on_conflict_do_nothing(),
-                slots,
-            )
+            await _publish_groups(database, connection, run, groups[start : start + 1000])
         await _reopen_failed_groups(connection, run)
         await notify(connection, run, "work")
 
     await claims_transaction(database, work)
+
+
+async def _publish_groups(
+    database: Database, connection: AsyncConnection, run: str, groups: Sequence[GroupPlan]
+) -> None:
+    """The groups and their rollout slots, as claimable work (those published before keep
+    their state)."""
+    await connection.execute(
+        database.recorder.insert(group_claims).values(updated_at=NOW()).on_conflict_do_nothing(),
+        [
+            {
+                "group_id": g.group_id,
+                "run": run,
+                "epoch": g.epoch,
+                "batch": g.batch,
+                "scenario_index": g.scenario_index,
+                "status": "rolling",
+                "token": 0,
+            }
+            for g in groups
+        ],
+    )
+    slots = [
+        {
+            "group_id": g.group_id,
+            "slot": slot,
+            "run": run,
+            "batch": g.batch,
+            "role": "policy" if slot < g.policy else "validation",
+            "status": "open",
+            "token": 0,
+            "attempts": 0,
+        }
+        for g in groups
+        for slot in range(g.policy + g.validation)
+    ]
+    await connection.execute(
+        database.recorder.insert(rollout_claims).values(updated_at=NOW()).on_conflict_do_nothing(),
+        slots,
+    )
 
 
 async def _reopen_failed_groups(connection: AsyncConnection, run: str) -> None:

@@ -55,7 +55,8 @@ from artstore.errors import (
     WrongExpectedVersionError,
 )
 from artstore.events import RolloutFailed, RunStarted
-from artstore.eventstore.store import NO_STREAM
+from artstore.eventstore.database import connect
+from artstore.groups import GroupPlace, group_rollouts, seal_group
 from artstore.workers import claims
 from artstore.workers.claims import RolloutClaim, SealClaim
 from artstore.workers.notify import Wakeups
@@ -365,18 +366,10 @@ class Worker:
     # --- one seal ---------------------------------------------------------------------
 
     async def _seal(self, claim: SealClaim) -> None:
-        from artstore.training.framework import stored_json
-        from artstore.training.groups import (
-            call_reward_function,
-            group_rollouts,
-            group_stream,
-            rewards_event,
-            sealed_event,
-        )
-
         assert self.started is not None and self.reward is not None
-        where = f"run {claim.run!r}, epoch {claim.epoch}, scenario {claim.scenario_index} "
-        where += f"(group {claim.group_id})"
+        place = GroupPlace(
+            claim.group_id, claim.run, claim.epoch, claim.batch, claim.scenario_index
+        )
         try:
             done = await group_rollouts(self.store, claim.group_id)
             if done.running:  # attempts whose claims moved on: their writers are gone
@@ -388,49 +381,25 @@ class Worker:
                 await claims.fail_seal(
                     self.database,
                     claim,
-                    f"RolloutsFailedError: {where}: every policy rollout failed (recorded, "
+                    f"RolloutsFailedError: {place}: every policy rollout failed (recorded, "
                     "with their tracebacks)",
                 )
                 self.summary.groups_failed += 1
                 return
-            ids = [*done.policy, *done.validation]
-            trajectories = await self.store.trajectories(ids)
             try:
-                rewards = await call_reward_function(
-                    self.reward,
-                    stored_json(self.started.scenarios[claim.scenario_index]),
-                    [done.results[i] for i in ids],
-                    [trajectories[i] for i in ids],
-                    where,
+                await seal_group(
+                    self.store,
+                    place,
+                    done,
+                    scenario=self.started.scenarios[claim.scenario_index],
+                    reward_function=self.reward,
+                    scorer=self.started.scorer,
+                    condition=claims.seal_check(claim),
                 )
             except RewardFunctionError as exc:
                 await claims.fail_seal(self.database, claim, f"RewardFunctionError: {exc}")
                 self.summary.groups_failed += 1
                 return
-            scorer = self.started.scorer
-            await self.store.append(
-                group_stream(claim.group_id),
-                [
-                    rewards_event(
-                        claim.group_id,
-                        scorer,
-                        done.policy,
-                        done.validation,
-                        rewards,
-                        rescored=False,
-                    ),
-                    sealed_event(
-                        claim.group_id,
-                        run=claim.run,
-                        epoch=claim.epoch,
-                        batch=claim.batch,
-                        scenario_index=claim.scenario_index,
-                        rollouts=done,
-                    ),
-                ],
-                expected_version=NO_STREAM,
-                condition=claims.seal_check(claim),
-            )
             self.summary.groups_sealed += 1
         except BaseException as exc:
             await self._after_failed_seal(claim, exc)
@@ -554,8 +523,6 @@ class Heartbeat:
             self._thread.join(timeout=30)
 
     async def _beat(self, url: Any, loop: asyncio.AbstractEventLoop) -> None:
-        from artstore.eventstore.database import connect
-
         database = connect(url)  # engines of this thread's own loop
         try:
             while not self._stopped.wait(self.lease_s / 3):

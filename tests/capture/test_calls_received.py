@@ -213,7 +213,7 @@ async def pipeline_trainer(store: Any, server: Any, tmp_path: Path) -> int:
 async def assert_each_call_is_its_trajectorys(store: Any) -> None:
     """Each finished rollout's call answered with its trajectory's Choice; the call of the
     rollout that raised is in a rollout of the group that failed."""
-    from artstore.capture.exchanges import chat_completion
+    from artstore.documents.exchanges import chat_completion
 
     async with store.database.read() as connection:
         rollouts = (

@@ -16,8 +16,8 @@ from langchain_core.tools import tool
 from pydantic import BaseModel
 from sqlalchemy import inspect, select, text
 
-from artstore.capture import messages as lc
 from artstore.capture.rollout import current_rollout
+from artstore.documents import messages as lc
 from artstore.errors import InvalidEventError, NoRolloutError
 from artstore.langgraph import init_chat_model
 from artstore.redaction import REDACTED, Redactor, redact_url, secrets_in_url

@@ -231,6 +231,69 @@ async def test_a_credential_is_nowhere_artstore_writes_or_prints(
     assert credential not in printed.out + printed.err
 
 
+RECORDED_BY = ["record_group", "group_recorder", "recording_backend"]
+
+
+@pytest.mark.parametrize("recorded_by", RECORDED_BY)
+async def test_the_model_key_spelled_in_logprob_tokens_is_nowhere_whichever_way_a_group_is_recorded(
+    recorded_by: str, database_url: str, tmp_path: Path, monkeypatch
+) -> None:
+    """Trajectories built outside any rollout (ART's own client, the model's key), whose
+    answers spell the key one token at a time (text on ART 0.5.18, `bytes` too on 0.5.23),
+    given to record_group, to group_recorder or to the recording backend's train."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    credential = "sk-user-" + secrets.token_hex(16)
+    async with (
+        await artstore.open_store(database_url) as store,
+        LocalInferenceServer(api_key=credential) as server,
+    ):
+        model = trainable_model(name="agent", project="tests", base_model="Qwen/Qwen2.5-0.5B")
+        inner = CheckOnlyBackend(
+            path=tmp_path / ".art", inference_base_url=server.base_url, inference_api_key=credential
+        )
+        backend = artstore.recording_backend(store, inner, run=RUN)
+        await model.register(backend if recorded_by == "recording_backend" else inner)
+        ask = openai_agent(model.openai_client(), model.get_inference_name())
+
+        async def rollout(city: str) -> art.Trajectory:
+            trajectory = art.Trajectory(
+                messages_and_choices=[{"role": "user", "content": f"Look up {city}."}],
+                tools=[LOOKUP_TOOL],
+                reward=float(len(city)),
+            )
+            for call_id in await ask(trajectory):
+                result = f"{city}: found with key {credential}"
+                trajectory.messages_and_choices.append(
+                    {"role": "tool", "tool_call_id": call_id, "content": result}
+                )
+                await ask(trajectory)
+            return trajectory
+
+        groups = await art.gather_trajectory_groups(
+            (art.TrajectoryGroup(rollout(city) for _ in range(2)) for city in ("Paris", "Rome")),
+            after_each=(
+                artstore.group_recorder(store, run=RUN, model=model, batch=0)
+                if recorded_by == "group_recorder"
+                else None
+            ),
+            pbar_desc=None,
+        )
+        if recorded_by == "record_group":
+            for group in groups:
+                await artstore.record_group(store, group, run=RUN, model=model)
+        if recorded_by == "recording_backend":
+            await backend.train(model, groups)
+            await backend.release()
+
+        choices = [c for g in groups for t in g for c in t.messages_and_choices]
+        choices = [c for c in choices if getattr(c, "logprobs", None)]
+        spelled = ["".join(e.token for e in c.logprobs.content) for c in choices]
+        assert any(credential in tokens for tokens in spelled)  # the model did spell it
+        answers = await final_answers(store)
+        assert len(answers) == 4 and all(REDACTED in answer for answer in answers), answers
+        assert await places_holding(store, database_url, RUN, credential, tmp_path) == []
+
+
 async def leaky_loop(store: Any, model: Any, ask: Ask, credential: str) -> None:
     """Two groups of two rollouts; each echoes the credential; one of them fails."""
     started: dict[str, int] = {}

@@ -28,8 +28,8 @@ from trained_run import (
 )
 
 from artstore.analysis import query
+from artstore.groups import group_rollouts
 from artstore.testing.inference_server import LocalInferenceServer
-from artstore.training.groups import group_rollouts
 
 pytestmark = pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")
 

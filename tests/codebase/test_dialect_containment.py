@@ -21,8 +21,8 @@ ALLOWED = {
     "eventstore/postgres.py": "PostgreSQL's module",
     "migrations/": "Alembic runs each migration on one database, per dialect",
     # The registry: SQLAlchemy's name for a database -> artstore's module for it.
-    "eventstore/database.py": "the registry of databases (DATABASES) and `connect`",
-    "eventstore/recorder.py": "`recorder_of(connection)`: the registry's lookup by name",
+    "eventstore/database.py": "the registry of databases (DATABASES), `connect`, and "
+    "`recorder_of(connection)`: the registry's lookup by name",
     # A URL a person wrote names its database by its scheme, before any database exists.
     "urls.py": "parses URL schemes into SQLAlchemy's async drivers",
 }

@@ -139,7 +139,7 @@ async def test_a_lone_surrogate_in_a_message_is_stored_and_read_back_exactly(sto
 def test_a_message_with_a_lone_surrogate_is_written_as_other_messages_are():
     """Its text is UTF-8 but for the surrogate's escape: it reads back as the same message,
     and redaction finds a secret in it, non-ASCII ones too."""
-    from artstore.capture import messages as lc
+    from artstore.documents import messages as lc
     from artstore.redaction import Redactor
 
     secret = "pässwört-geheim-42"

@@ -323,6 +323,6 @@ async def test_without_the_function_every_append_takes_the_lock_alone(postgres_u
         ids = [str(uuid.uuid4()) for _ in range(3)]
         for rollout_id in ids:
             await store.append(f"rollout-{rollout_id}", [started(rollout_id, "r")], NO_STREAM)
-        assert not store._writer.side_by_side_appends
+        assert not store.events._writer.side_by_side_appends
         assert store.side_by_side_transactions == 0
         assert await count(store, t.rollouts) == 3

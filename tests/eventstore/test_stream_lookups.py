@@ -9,7 +9,7 @@ from sqlalchemy.engine import make_url
 
 import artstore
 from artstore.events import CheckpointPushed, RunFinished
-from artstore.eventstore.recorder import recorder_for, recorder_of
+from artstore.eventstore.database import recorder_for, recorder_of
 from artstore.eventstore.streams import events_of_streams, stream_heads
 from artstore.schema.tables import events
 

@@ -571,7 +571,7 @@ async def test_parquet_written_by_art_model_log_imports_as_imported_rollouts(sto
         .order_by(t.groups.c.position),
     )
     assert [(batch, size) for _, batch, size in sealed] == [(1, 2), (1, 2)]
-    from artstore.training.groups import sealed_groups
+    from artstore.groups import sealed_groups
 
     events = await sealed_groups(store, [group_id for group_id, _, _ in sealed])
     for (group_id, _, _), art_group in zip(sealed, read, strict=True):
@@ -725,7 +725,7 @@ def expected_groups(version: int) -> list[art.TrajectoryGroup]:
 
 async def imported_groups(store, run: str) -> list[tuple[GroupSealed, dict[str, art.Trajectory]]]:
     """The run's sealed groups in file order, each with its trajectories."""
-    from artstore.training.groups import sealed_groups
+    from artstore.groups import sealed_groups
 
     found = await rows(
         store,
@@ -876,7 +876,7 @@ async def test_exchanges_are_kept_whole_and_refused_only_where_art_cannot_hold_t
 ):
     summary = await import_path(store, EXCHANGES_SAMPLE, run="ex")
     assert (summary.rollouts, summary.exchange_rollouts, summary.sealed_groups) == (2, 2, 1)
-    from artstore.training.groups import sealed_groups
+    from artstore.groups import sealed_groups
 
     ((group_id,),) = await rows(store, select(t.groups.c.group_id).where(t.groups.c.run == "ex"))
     ids = (await sealed_groups(store, [group_id]))[group_id].rollout_ids

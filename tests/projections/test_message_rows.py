@@ -25,7 +25,7 @@ from langchain_core.messages import (
 from recorded_run import record_run
 from sqlalchemy import select
 
-from artstore.capture import messages as lc
+from artstore.documents import messages as lc
 from artstore.eventstore.blobs import blob_hash, blob_json
 from artstore.projections.trajectories import (
     Call,

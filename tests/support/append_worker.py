@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 
 from langchain_core.messages import AIMessage, HumanMessage
 
-from artstore.capture.messages import dump_message
+from artstore.documents.messages import dump_message
 from artstore.events import (
     Event,
     LLMCall,

@@ -16,7 +16,8 @@ are injected from outside, by a backend and a wrapper around `store.append_nowai
   (a step found trained after a crash);
 - before-finished: the append of `run.finished`, just before it;
 - sealed: right after a `group.sealed` append committed;
-- rollout: where a driver's agent calls `CrashPlan.reach_rollout`.
+- rollout: where a driver's agent calls `CrashPlan.reach_rollout`;
+- append: right after an append the store acknowledged (tests/matrix/child.py reaches it).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ POINTS = (
     "before-finished",
     "before-reconciled",
     "after-reconciled",
+    "append",
 )
 
 
@@ -131,9 +133,9 @@ class CrashingBackend(CheckOnlyBackend):
 
 
 def crash_around_appends(store: Any, crash_plan: CrashPlan) -> None:
-    """Reach the append points of `store`: `append` and group commits go through
-    `append_nowait`, groups recorded whole through `append_together_nowait`, so wrapping
-    both sees every event written."""
+    """Reach the append points of `store`: every event written goes through `append`,
+    `append_nowait` (group commits) or `append_together_nowait` (groups recorded whole),
+    none of which calls another, so wrapping the three sees each event once."""
     from artstore.events import GroupSealed, RunFinished, TrainStepCompleted
 
     append_nowait, append_together_nowait = store.append_nowait, store.append_together_nowait
@@ -151,24 +153,35 @@ def crash_around_appends(store: Any, crash_plan: CrashPlan) -> None:
             crash_plan.reached("before-finished")
         return completes, reconciles, seals
 
-    def after(future: Any, points: tuple[bool, bool, bool]) -> Any:
+    def reached_after(points: tuple[bool, bool, bool]) -> None:
         completes, reconciles, seals = points
+        if completes:
+            crash_plan.reached("after-completed")
+        if reconciles:
+            crash_plan.reached("after-reconciled")
+        if seals:
+            crash_plan.reached("sealed")
+
+    def after(future: Any, points: tuple[bool, bool, bool]) -> Any:
         if not any(points):
             return future
 
         async def committed() -> Any:
             result = await future
-            if completes:
-                crash_plan.reached("after-completed")
-            if reconciles:
-                crash_plan.reached("after-reconciled")
-            if seals:
-                crash_plan.reached("sealed")
+            reached_after(points)
             return result
 
         return asyncio.ensure_future(committed())
 
-    def append_with_crashes(stream_id: str, events: Any, *args: Any, **kwargs: Any) -> Any:
+    append = store.append
+
+    async def append_with_crashes(stream_id: str, events: Any, *args: Any, **kwargs: Any) -> Any:
+        points = before(events)
+        result = await append(stream_id, events, *args, **kwargs)
+        reached_after(points)
+        return result
+
+    def nowait_with_crashes(stream_id: str, events: Any, *args: Any, **kwargs: Any) -> Any:
         points = before(events)
         return after(append_nowait(stream_id, events, *args, **kwargs), points)
 
@@ -177,7 +190,8 @@ def crash_around_appends(store: Any, crash_plan: CrashPlan) -> None:
         futures = append_together_nowait(appends)
         return [after(f, p) for f, p in zip(futures, points, strict=True)]
 
-    store.append_nowait = append_with_crashes
+    store.append = append_with_crashes
+    store.append_nowait = nowait_with_crashes
     store.append_together_nowait = together_with_crashes
 
 

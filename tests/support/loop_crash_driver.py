@@ -12,10 +12,13 @@ Its crash points are those of tests/support/crash_points.py that a loop reaches 
 with `rollout` reached by the agent once a rollout of the same scenario has finished.
 
 WORKDIR/options.json, when present, changes the loop (see `Options`): its group size and
-steps, `max_exceptions`, and rollouts the agent fails, each once over all the runs (an
-agent that fails now and then: a rollout done again succeeds). Each trajectory the agent
-returns carries a fresh `attempt` id in its metadata, also appended to WORKDIR/attempts.txt,
-so that a test can tell a trajectory recorded (or trained) twice from two alike.
+steps, `max_exceptions`, rollouts the agent fails, each once over all the runs (an agent
+that fails now and then: a rollout done again succeeds), `@art.retry` around the agent,
+and the loop of examples/resumable_loop.py instead of durable rollouts (each group
+recorded as it ends, what was recorded and never trained trained first on a start). Each
+trajectory the agent returns carries a fresh `attempt` id in its metadata, also appended
+to WORKDIR/attempts.txt, so that a test can tell a trajectory recorded (or trained) twice
+from two alike.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ class Options:
     steps: int = STEPS
     group_size: int = GROUP_SIZE
     max_exceptions: int = 0
+    retry: bool = False  # the agent under @art.retry(max_attempts=2), inside durable_rollouts
+    durable: bool = True  # else no durable_rollouts: unconsumed_groups first on a start
     #: [step, scenario id, n]: the nth call of the agent for that step and scenario in a
     #: run raises AgentFailure, once over all runs (a marker file says it did).
     fail: list[list[int]] = field(default_factory=list)
@@ -149,7 +154,12 @@ async def train(url: str, workdir: Path, plan: str) -> None:
             )
             trajectory.messages_and_choices.append(completion.choices[0])
             await crash_plan.reach_rollout(
-                finished, scenario["id"], lambda: finished_in_unsealed_group(store, scenario["id"])
+                finished,
+                scenario["id"],
+                # Only durable rollouts are stored before their group is.
+                (lambda: finished_in_unsealed_group(store, scenario["id"]))
+                if options.durable
+                else None,
             )
             failures.check(await model.get_step(), scenario["id"])
             message = completion.choices[0].message
@@ -157,10 +167,18 @@ async def train(url: str, workdir: Path, plan: str) -> None:
             record_attempt(workdir, trajectory)
             return trajectory
 
-        durable = artstore.durable_rollouts(store, agent, run=RUN)  # durable: 2 of 3
+        if options.retry:
+            agent = art.retry(max_attempts=2, delay=0)(agent)
+        if options.durable:
+            agent = artstore.durable_rollouts(store, agent, run=RUN)  # durable: 2 of 3
+        else:  # examples/resumable_loop.py: what was recorded and not trained, first
+            leftover = await artstore.unconsumed_groups(store, RUN, model)
+            if leftover:
+                result = await backend.train(model, leftover)
+                await model.log(leftover, metrics=result.metrics, step=result.step, split="train")
 
         async def rollout(model: art.TrainableModel, scenario: dict[str, Any]) -> art.Trajectory:
-            trajectory = await durable(model, scenario)
+            trajectory = await agent(model, scenario)
             finished[scenario["id"]] += 1
             return trajectory
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, HumanMessage
 
-from artstore.capture import messages as lc
+from artstore.documents import messages as lc
 from artstore.events import (
     GroupSealed,
     LLMCall,

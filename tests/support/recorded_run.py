@@ -25,7 +25,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
-from artstore.capture import messages as lc
+from artstore.documents import messages as lc
 from artstore.events import (
     CheckpointPushed,
     GroupSealed,

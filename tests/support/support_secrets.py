@@ -24,9 +24,11 @@ from sqlalchemy import inspect, text
 
 
 async def places_holding(
-    store: Any, database_url: str, run: str, secret: str, folder: Path
+    store: Any, database_url: str, run: str, secret: str, folder: Path, *, quick: bool = False
 ) -> list[str]:
-    """The places (names) where `secret` can be read; [] when none."""
+    """The places (names) where `secret` can be read; [] when none. `quick` (for the many
+    runs of tests/test_guarantee_matrix.py): the viewer's pages rendered in this process,
+    and no command run (their output is read from the same places)."""
     await store.flush()
     texts: dict[str, list[str]] = {}
     texts["database"] = await database_texts(store)
@@ -38,8 +40,11 @@ async def places_holding(
     texts["exports"] = await export_texts(store, run, folder)
     rollouts = await rollout_ids(store)
     # In threads: both run event loops of their own.
-    texts["viewer"] = await asyncio.to_thread(viewer_pages, database_url, run, rollouts)
-    texts["cli"] = await asyncio.to_thread(command_outputs, database_url, run, rollouts)
+    if quick:
+        texts["viewer"] = await asyncio.to_thread(viewer_pages_in_process, database_url, run)
+    else:
+        texts["viewer"] = await asyncio.to_thread(viewer_pages, database_url, run, rollouts)
+        texts["cli"] = await asyncio.to_thread(command_outputs, database_url, run, rollouts)
     return [
         f"{place}: {len(hits)}, e.g. {excerpt(hits[0], secret)}"
         for place, found in texts.items()
@@ -137,17 +142,36 @@ def viewer_pages(database_url: str, run: str, rollouts: list[str]) -> list[str]:
     paths += [f"/trajectories/{rollout}" for rollout in rollouts]
     paths += [f"/compare/scorers?run={quote(run)}", "/compare/runs"]
     paths += [f"/sql?q={quote(f'SELECT * FROM {view}')}" for view in SHOWN_VIEWS]
-    pages = []
     # httpx gives up after 5 s by default: a page may take longer on a busy machine.
     with (
         BackgroundViewer(database_url) as viewer,
         httpx.Client(base_url=viewer.address, timeout=120) as web,
     ):
-        groups = re.findall(r"/groups/([0-9a-f-]+)", web.get(f"/runs/{quote(run)}").text)
-        for path in paths + [f"/groups/{group}" for group in dict.fromkeys(groups)]:
-            page = web.get(path)
-            assert page.status_code == 200, (path, page.status_code)
-            pages += [page.text, html.unescape(re.sub(r"<[^>]*>|\s", "", page.text))]
+        return page_texts(web, run, paths)
+
+
+def viewer_pages_in_process(database_url: str, run: str) -> list[str]:
+    """The pages of the run, its trajectories and groups, served by the viewer's app in
+    this thread (no server, no socket)."""
+    from starlette.testclient import TestClient
+
+    from artstore.viewer.app import create_app
+
+    with TestClient(create_app(database_url), base_url="http://127.0.0.1") as web:
+        found = re.findall(r"/trajectories/([0-9a-f-]+)", web.get(f"/runs/{quote(run)}").text)
+        paths = [f"/runs/{quote(run)}", f"/api/runs/{quote(run)}"]
+        paths += [f"/trajectories/{rollout}" for rollout in dict.fromkeys(found)]
+        return page_texts(web, run, paths)
+
+
+def page_texts(web: Any, run: str, paths: list[str]) -> list[str]:
+    """Each page of `paths` and of the run's groups, and the same with its markup removed."""
+    pages = []
+    groups = re.findall(r"/groups/([0-9a-f-]+)", web.get(f"/runs/{quote(run)}").text)
+    for path in paths + [f"/groups/{group}" for group in dict.fromkeys(groups)]:
+        page = web.get(path)
+        assert page.status_code == 200, (path, page.status_code)
+        pages += [page.text, html.unescape(re.sub(r"<[^>]*>|\s", "", page.text))]
     return pages
 
 

@@ -94,9 +94,9 @@ async def event_count(store: Any) -> int:
 
 async def latest_rewards(store: Any, group_id: str, scorer: str) -> list[float]:
     """The group's policy rewards by `scorer`, in the group's order (latest per rollout)."""
-    from artstore.training.replay import _policy_rewards
+    from artstore.training.replay import policy_rewards
 
-    return (await _policy_rewards(store, [group_id], scorer))[group_id]
+    return (await policy_rewards(store, [group_id], scorer))[group_id]
 
 
 # --- for the command-line tests (synchronous: the commands run their own event loop) ------

@@ -39,8 +39,8 @@ from training_helpers import assert_consistent, rows
 
 import artstore
 from artstore.events import RolloutFailed
+from artstore.groups import group_id_for
 from artstore.schema import tables as t
-from artstore.training.groups import group_id_for
 from artstore.training.lease import trainer_lease
 
 PLAN = [

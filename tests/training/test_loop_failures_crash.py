@@ -94,6 +94,57 @@ async def test_a_crash_inside_the_last_steps_training_is_settled_when_the_loop_s
         assert [(s.step, s.reconciled) for s in steps] == [(1, False), (2, True)]
 
 
+# The agent fails now and then; under @art.retry (2 attempts) a failure is retried, and
+# two in a row reach ART's gather (counted by max_exceptions). Steps' scenarios: 0 and 1,
+# 2 and 0, 1 and 2.
+FAILING = {
+    "max_exceptions": 2,
+    "fail": [[0, 0, 2], [0, 0, 3], [1, 2, 1], [2, 1, 1], [2, 1, 2]],
+}
+# Per pattern: its loop, a few representative kills in CI (rollouts in flight beside a
+# failed one, a kill after gathering and before training, kills inside training), and
+# every point on its own under ARTSTORE_LONG=1.
+PATTERNS = {
+    "durable_rollouts": (
+        driver.Options(steps=3, group_size=3, retry=True, **FAILING),
+        ["rollout:3", "sealed:2", "before-completed:2"],
+    ),
+    "group_recorder+unconsumed_groups": (
+        driver.Options(steps=3, group_size=3, durable=False, **FAILING),
+        ["sealed:3", "train-start:1", "after-completed:1"],
+    ),
+}
+EVERY_POINT = [
+    "sealed:1",
+    "sealed:2",
+    "train-start:1",
+    "train-end:1",
+    "before-completed:1",
+    "after-completed:1",
+    "train-start:3",
+    "train-end:3",
+    "before-completed:3",
+    "before-finished:1",
+]
+CASES = [(pattern, plan) for pattern, (_, plan) in PATTERNS.items()]
+if LONG:
+    CASES += [(pattern, [point]) for pattern in PATTERNS for point in EVERY_POINT]
+    CASES += [("durable_rollouts", ["rollout:2"]), ("durable_rollouts", ["rollout:5"])]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("pattern", "plan"), CASES, ids=[f"{p}:{','.join(plan)}" for p, plan in CASES]
+)
+async def test_a_loop_with_failed_rollouts_killed_anywhere_records_and_trains_each_trajectory_once(
+    database_url: str, tmp_path: Path, processes: Any, pattern: str, plan: list[str]
+) -> None:
+    options, _ = PATTERNS[pattern]
+    workdir = await run_loop(database_url, tmp_path, processes, options, plan)
+    # The failures planned happened (each once), and those retried did not reach ART.
+    assert len(list(workdir.glob("failed-*-*-*"))) <= len(options.fail)
+
+
 async def check_each_trajectory_once(
     store: artstore.Store, workdir: Path, options: driver.Options
 ) -> None:
@@ -106,17 +157,16 @@ async def check_each_trajectory_once(
     completed = sorted((s for s in steps if s.status == "completed"), key=lambda s: s.step)
     assert [s.step for s in completed] == list(range(1, options.steps + 1))
 
-    # The groups are the loop's durable groups, nothing else (no group of copies).
-    expected = {
-        durable_group_id(driver.RUN, step, scenario): step
-        for step in range(options.steps)
-        for scenario in driver.batch_for(step)
-    }
     sealed = {
         e.group_id: e
         for e in (r.decode() for r in await store.read_all(limit=100_000, types=["group.sealed"]))
     }
-    assert set(sealed) == set(expected)
+    if options.durable:  # the loop's durable groups, nothing else (no group of copies)
+        assert set(sealed) == {
+            durable_group_id(driver.RUN, step, scenario)
+            for step in range(options.steps)
+            for scenario in driver.batch_for(step)
+        }
 
     # Each rollout of a sealed group is one of its members or one of its failures: none
     # joined a group after it was sealed; each finished rollout is a member of one group.
@@ -141,14 +191,15 @@ async def check_each_trajectory_once(
     # None trained twice: each group once, in the store and in the backend's checkpoints;
     # nothing is left for a replay or for unconsumed_groups.
     consumptions = await rows(store, t.group_consumptions)
-    assert sorted(c.group_id for c in consumptions) == sorted(expected)
-    for step in completed:
-        assert {expected[g] for g in step.group_ids} == {step.step - 1}
-    assert groups_in_checkpoints(workdir, driver, completed) == Counter(list(expected))
+    assert sorted(c.group_id for c in consumptions) == sorted(sealed)
+    batches = {g.group_id: g.batch for g in await rows(store, t.groups)}
+    for step in completed:  # a step trains its batch's groups (those sealed, leftovers)
+        assert {batches[g] for g in step.group_ids} == {step.step - 1}
+    assert groups_in_checkpoints(workdir, driver, completed) == Counter(list(sealed))
     _, model = driver_checkpoints(workdir, driver)
     assert await artstore.unconsumed_groups(store, driver.RUN, model) == []
     plan = await artstore.replay(store, driver.RUN, model, dry_run=True, model_step=options.steps)
-    assert plan.groups == [] and plan.consumed == len(expected)
+    assert plan.groups == [] and plan.consumed == len(sealed)
 
     before = await projections(store)
     await store.rebuild_projections()

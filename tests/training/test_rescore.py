@@ -13,8 +13,8 @@ from trained_run import latest_rewards, train_run
 import artstore
 from artstore.demo.task import make_scenarios, strict_reward
 from artstore.errors import NotFoundError, RewardFunctionError
+from artstore.groups import load_groups, sealed_groups
 from artstore.schema import tables as t
-from artstore.training.groups import load_groups, sealed_groups
 from artstore.training.rescore import Rewards
 
 

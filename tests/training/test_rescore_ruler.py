@@ -28,8 +28,8 @@ from artstore.capture.rollout import current_rollout
 from artstore.demo.task import agent as demo_agent
 from artstore.demo.task import make_scenarios
 from artstore.errors import RewardFunctionError
+from artstore.groups import group_rollouts, load_groups
 from artstore.testing.inference_server import LocalInferenceServer
-from artstore.training.groups import group_rollouts, load_groups
 from artstore.training.ruler import ruler_reward
 
 

@@ -38,6 +38,7 @@ from artstore.errors import (
     TrainerConflictError,
 )
 from artstore.events import RolloutFailed, TrainStepCompleted
+from artstore.groups import group_id_for
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
 from artstore.training import (
@@ -48,7 +49,6 @@ from artstore.training import (
     TrainStepError,
     train,
 )
-from artstore.training.groups import group_id_for
 
 RUN = f"{PROJECT}/agent"  # a run is named after its model unless told otherwise
 
@@ -218,9 +218,7 @@ async def test_validation_model_gives_wins_and_win_rate_through_legacy_train(
     # Validation rollouts are scored but never trained on; wins reach the trajectories.
     record = backend.read_checkpoint(model, 1)
     assert [len(a) for a in record["advantages"]] == [2, 2]
-    step_groups = await artstore.training.groups.load_groups(
-        store, [g.group_id for g in groups], "reward"
-    )
+    step_groups = await artstore.groups.load_groups(store, [g.group_id for g in groups], "reward")
     assert all("win_rate" in tr.metrics for g in step_groups for tr in g.trajectories)
     await assert_consistent(store)
 

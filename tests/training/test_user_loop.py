@@ -347,6 +347,31 @@ async def test_rollouts_of_wrap_rollout_join_the_group_and_run_that_seal_them(st
     await assert_consistent(store)
 
 
+async def test_a_trajectory_of_a_sealed_group_is_never_copied_into_another_group(
+    store, server, tmp_path
+):
+    """Recorded again in another composition (one dropped), a sealed group's trajectories
+    are refused, nothing written: their copy in a second group would be trained twice."""
+    model, backend = await model_on(server, store, tmp_path / "art")
+    group = await a_group(server, "How many legs has an ant?")
+    group_id = await artstore.record_group(store, group, run=RUN, model=model)
+    before = await event_count(store)
+    fewer = art.TrajectoryGroup(group.trajectories[:2])
+    with pytest.raises(ConfigurationError, match=f"already in sealed group {group_id}"):
+        await artstore.record_group(store, fewer, run=RUN, model=model)
+    with pytest.raises(ConfigurationError, match="a trajectory belongs to one group"):
+        await backend.train(model, [fewer])
+    assert await event_count(store) == before
+    # As it was, the group is recognised; a copy made on purpose is recorded as one.
+    assert await artstore.record_group(store, group, run=RUN, model=model) == group_id
+    copy = group.trajectories[0].model_copy(deep=True)
+    del copy.metadata["artstore_rollout_id"], copy.metadata["artstore_group_id"]
+    other = await artstore.record_group(store, art.TrajectoryGroup([copy]), run=RUN, model=model)
+    assert other != group_id
+    await backend.close()
+    await assert_consistent(store)
+
+
 async def test_an_imported_run_replays_in_its_batches(store, server, tmp_path, database_url):
     url = database_url
     model, backend = await model_on(server, store, tmp_path / "art")

@@ -40,9 +40,9 @@ from waiting import eventually
 
 import artstore
 from artstore.backends import CheckOnlyBackend
+from artstore.groups import group_id_for
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
-from artstore.training.groups import group_id_for
 
 WORKERS = 4
 MIN_KILLS = budget(12, 32)

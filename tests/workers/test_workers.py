@@ -46,9 +46,9 @@ from artstore.errors import (
 )
 from artstore.events import GroupSealed, RewardsRecorded, RolloutStarted, RunStarted
 from artstore.eventstore.store import NO_STREAM
+from artstore.groups import group_stream
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
-from artstore.training.groups import group_stream
 from artstore.workers import claims, run_worker, sealed_groups, wait_for_groups
 from artstore.workers.claims import GroupPlan
 from artstore.workers.worker import InferenceModel, abandon_rollout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import math
 import numbers
 import uuid
@@ -12,9 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
-from artstore.capture.rollout import rollout_stream
+from artstore.capture.rollout import rollout_stream, to_json_value
 from artstore.errors import NotFoundError, RewardFunctionError
 from artstore.events import GroupSealed, RewardsRecorded, RolloutFailed
+from artstore.eventstore.blobs import canonical_json
+from artstore.eventstore.store import NO_STREAM, Condition
+from artstore.projections.imported import load_bodies
 from artstore.schema import tables as t
 
 if TYPE_CHECKING:
@@ -24,6 +28,25 @@ if TYPE_CHECKING:
 
 # Group ids of a run are derived from (run, epoch, scenario), so a resumed run finds them.
 _GROUP_NAMESPACE = uuid.UUID("3f9a4f0e-6c1b-4b8e-9a59-0d4b1c2e7a10")
+
+
+@dataclass(frozen=True)
+class GroupPlace:
+    """Where a group belongs. A run's group ids derive from (run, epoch, scenario)."""
+
+    group_id: str
+    run: str | None = None
+    epoch: int | None = None
+    batch: int | None = None
+    scenario_index: int | None = None
+
+    def __str__(self) -> str:
+        if self.run is None:
+            return f"group {self.group_id}"
+        return (
+            f"run {self.run!r}, epoch {self.epoch}, scenario {self.scenario_index} "
+            f"(group {self.group_id})"
+        )
 
 
 def group_id_for(run: str, epoch: int, scenario_index: int) -> str:
@@ -202,8 +225,6 @@ async def load_groups(
     import art
     from art.trajectories import PydanticException
 
-    from artstore.projections.imported import load_bodies
-
     sealed = await sealed_groups(store, group_ids)
     missing = [g for g in group_ids if g not in sealed]
     if missing:
@@ -277,3 +298,56 @@ def sealed_event(
         validation_rollout_ids=rollouts.validation,
         failed_rollout_ids=rollouts.failed,
     )
+
+
+def stored_json(value: Any) -> Any:
+    """`value` as the store gives it back (a JSON round trip of `to_json_value`)."""
+    return json.loads(canonical_json(to_json_value(value)))
+
+
+async def seal_group(
+    store: Store,
+    place: GroupPlace,
+    done: GroupRollouts,
+    *,
+    scenario: Any,
+    reward_function: Callable[..., Any],
+    scorer: str,
+    condition: Condition | None = None,
+) -> list[float]:
+    """Score the group's finished rollouts and seal it; returns the rewards, policy first.
+
+    The reward function gets the scenario as `artstore rescore` will give it (the same
+    inputs), the agents' results and the stored trajectories. Its rewards and the seal are
+    one append: a group stream holds both or nothing (`condition`: what else the append
+    checks, e.g. that a worker still holds its claim). A RewardFunctionError writes
+    nothing. Both ways of sealing use this (the in-process loop and rollout workers).
+    """
+    ids = [*done.policy, *done.validation]
+    trajectories = await store.trajectories(ids)
+    rewards = await call_reward_function(
+        reward_function,
+        stored_json(scenario),
+        [done.results[i] for i in ids],
+        [trajectories[i] for i in ids],
+        str(place),
+    )
+    await store.append(
+        group_stream(place.group_id),
+        [
+            rewards_event(
+                place.group_id, scorer, done.policy, done.validation, rewards, rescored=False
+            ),
+            sealed_event(
+                place.group_id,
+                run=place.run,
+                epoch=place.epoch,
+                batch=place.batch,
+                scenario_index=place.scenario_index,
+                rollouts=done,
+            ),
+        ],
+        expected_version=NO_STREAM,
+        condition=condition,
+    )
+    return rewards

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from artstore.art_versions import art_client_postprocess
 from artstore.eventstore.blobs import blob_json
 
 if TYPE_CHECKING:
@@ -207,8 +208,6 @@ def chat_completion(
         return consume_sync_chat_completion_stream(stream)  # type: ignore[arg-type]
     completion = construct_type(type_=ChatCompletion, value=document["json"])
     if art_client is not None:
-        from artstore.art_versions import art_client_postprocess
-
         art_client_postprocess(completion, art_client, request_model)
     return completion  # type: ignore[return-value]
 

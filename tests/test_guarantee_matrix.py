@@ -1,0 +1,138 @@
+"""The guarantee matrix: every way of running ART on the store, failing and killed.
+
+Hypothesis draws cases (tests/matrix/cases.py): a pattern (`TrainingFramework`, the docs'
+loop of `recording_backend` + `durable_rollouts` + `group_recorder` with
+`gather_trajectory_groups`, the same with `record_group`, LangGraph agents under
+`wrap_rollout`, `pipeline_trainer` on ART >= 0.5.20), an agent kind (ART's OpenAI client
+or a LangGraph graph on ART's chat model, streamed or not), a failure (the agent raises,
+an LLM request gets HTTP 500 or times out, `@art.retry` retries, `max_exceptions` is
+exceeded, the reward function raises) and a crash point (each one tests/crash_points.py
+declares, or `append:N`: SIGKILL after the Nth acknowledged append). The case runs in
+child processes on a fresh database until the run finishes (tests/matrix/harness.py);
+then every invariant of tests/matrix/invariants.py is checked:
+
+- no acknowledged event lost;
+- no trajectory recorded twice, none trained twice (by the backend's own checkpoints);
+- projections equal a rebuild from the events;
+- the LLM calls recorded are the calls the inference server received, each once;
+- the inference API key (which the model also spells out) is nowhere: database, blobs,
+  exports, viewer pages, command output.
+
+Budget: `ARTSTORE_MATRIX=ci` (the default) runs the cases of `ci_cases` (a test each) and
+one drawn case per database, the same in every run (derandomized, no shrinking);
+`ARTSTORE_MATRIX=long` draws at random, `ARTSTORE_MATRIX_EXAMPLES=N` cases per database
+(default 200), and shrinks what fails (`ARTSTORE_MATRIX_SHRINK=0`: reported as drawn).
+`ARTSTORE_MATRIX_EXAMPLES` sets the CI draw too; `ARTSTORE_MATRIX_PATTERNS=a,b` draws
+from those patterns only.
+
+What it found (Hypothesis' falsifying examples, and the time it took to find them):
+see docs/guarantees.md, "The guarantee matrix".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from crash_runs import forkserver
+from hypothesis import HealthCheck, Phase, given, settings
+from matrix.cases import Case, cases
+from matrix.databases import fresh_database
+from matrix.harness import run_case
+from matrix.invariants import broken
+from matrix.patterns import available_patterns
+
+import artstore
+
+LONG = os.environ.get("ARTSTORE_MATRIX", "ci") == "long"
+EXAMPLES = int(os.environ.get("ARTSTORE_MATRIX_EXAMPLES", "200" if LONG else "1"))
+SHRINK = os.environ.get("ARTSTORE_MATRIX_SHRINK", "1" if LONG else "0") == "1"
+ONLY = os.environ.get("ARTSTORE_MATRIX_PATTERNS", "")  # e.g. "user-loop,workers"
+BUDGET = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not LONG,
+    database=None,
+    # In CI a failing case is reported as drawn: shrinking reruns whole runs for minutes.
+    phases=[Phase.generate, Phase.shrink] if SHRINK else [Phase.generate],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    print_blob=True,
+)
+
+
+@pytest.fixture(scope="module")
+def processes() -> Any:
+    return forkserver(["matrix.child", "art", "openai", "artstore.store", "langgraph.prebuilt"])
+
+
+def check_case(case: Case, templates: Any, processes: Any) -> None:
+    """Run `case` on a fresh database and assert it kept every invariant."""
+    with tempfile.TemporaryDirectory(prefix="matrix-") as folder:
+        workdir = Path(folder)
+        (workdir / "leaks").mkdir()
+        api_key = "sk-matrix-" + secrets.token_hex(16)
+        with fresh_database(templates, case.database, workdir) as url:
+            asyncio.run(run_and_check(case, processes, url, workdir, api_key))
+
+
+async def run_and_check(case: Case, processes: Any, url: str, workdir: Path, key: str) -> None:
+    outcome = await run_case(processes, case, url, workdir, key)
+    if case.failure != "none":  # a case that injected nothing would test nothing
+        assert list(workdir.glob("fault-*")), f"{case}: its failure was never injected"
+    async with await artstore.open_store(url) as store:
+        found = await broken(store, url, workdir, outcome, key)
+    starts = [s.exit_code for s in outcome.starts]
+    assert not found, f"{case} (starts {starts}, fired {outcome.fired}):\n" + "\n".join(found)
+
+
+def ci_cases() -> list[Case]:
+    """The cases every CI run checks, each a test of its own: each pattern once, with
+    another failure and kill, the databases taking turns; among them the cases that found
+    issue 24's items 1, 6 and 8 (docs/guarantees.md). A pattern this ART lacks is left
+    out, not skipped."""
+    chosen = [
+        # item 1: a rollout of a group failed, the process died between gathering and training
+        Case("user-loop", "openai", "agent-raises", ("train-start:1",), "sqlite"),
+        # item 6: streamed LangGraph calls
+        Case("langgraph-loop", "langgraph-stream", "http-error", (), "postgresql"),
+        Case("training-framework", "langgraph", "reward-raises", ("train-end:1",), "postgresql"),
+        Case("record-group", "openai-stream", "art-retry", ("sealed:1", "append:3"), "sqlite"),
+        # item 8: PipelineTrainer's calls
+        Case("pipeline-trainer", "openai", "timeout", (), "postgresql"),
+    ]
+    return [case for case in chosen if case.pattern in available_patterns(case.database)]
+
+
+CI_CASES = ci_cases()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CI_CASES, ids=lambda case: case.id)
+def test_a_pattern_failing_and_killed_keeps_every_invariant(
+    case: Case, migrated_templates: Any, processes: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    check_case(case, migrated_templates, processes)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_drawn_cases_keep_every_invariant(
+    database: str, migrated_templates: Any, processes: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+
+    patterns = available_patterns(database)
+    drawn = {name: agents for name, agents in patterns.items() if name in ONLY.split(",")}
+
+    @BUDGET
+    @given(case=cases(drawn or patterns, database))
+    def matrix(case: Case) -> None:
+        check_case(case, migrated_templates, processes)
+
+    matrix()
