@@ -7,7 +7,7 @@ loop of `recording_backend` + `durable_rollouts` + `group_recorder` with
 kind (ART's OpenAI client or a LangGraph graph on ART's chat model, streamed or not), a
 failure (the agent raises, an LLM request gets HTTP 500 or times out, `@art.retry`
 retries, `max_exceptions` is exceeded, the reward function raises) and up to two kills
-(`POINT:N`, SIGKILL at the Nth arrival at a crash point tests/crash_points.py declares,
+(`POINT:N`, SIGKILL at the Nth arrival at a crash point tests/support/crash_points.py declares,
 `append` among them: right after an acknowledged append). The case runs in
 child processes on a fresh database until the run finishes (tests/matrix/harness.py);
 then every invariant of tests/matrix/invariants.py is checked:
