@@ -287,7 +287,14 @@ async def test_the_model_key_spelled_in_logprob_tokens_is_nowhere_whichever_way_
 
         choices = [c for g in groups for t in g for c in t.messages_and_choices]
         choices = [c for c in choices if getattr(c, "logprobs", None)]
-        spelled = ["".join(e.token for e in c.logprobs.content) for c in choices]
+        spelled = [
+            spelling
+            for c in choices
+            for spelling in (
+                "".join(e.token for e in c.logprobs.content),
+                b"".join(bytes(e.bytes or []) for e in c.logprobs.content).decode(errors="replace"),
+            )
+        ]
         assert any(credential in tokens for tokens in spelled)  # the model did spell it
         answers = await final_answers(store)
         assert len(answers) == 4 and all(REDACTED in answer for answer in answers), answers
