@@ -18,6 +18,7 @@ import asyncio
 import os
 import shutil
 import sqlite3
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,6 +26,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
+# The helpers shared by tests (tests/support) import as top-level modules:
+# `from recorded_run import record_run` (forkserver processes inherit this sys.path).
+sys.path.insert(0, str(Path(__file__).parent / "support"))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.pop("ARTSTORE_URL", None)  # tests never touch a user's store
 

@@ -3,11 +3,12 @@
 Hypothesis draws cases (tests/matrix/cases.py): a pattern (`TrainingFramework`, the docs'
 loop of `recording_backend` + `durable_rollouts` + `group_recorder` with
 `gather_trajectory_groups`, the same with `record_group`, LangGraph agents under
-`wrap_rollout`, `pipeline_trainer` on ART >= 0.5.20), an agent kind (ART's OpenAI client
-or a LangGraph graph on ART's chat model, streamed or not), a failure (the agent raises,
-an LLM request gets HTTP 500 or times out, `@art.retry` retries, `max_exceptions` is
-exceeded, the reward function raises) and a crash point (each one tests/crash_points.py
-declares, or `append:N`: SIGKILL after the Nth acknowledged append). The case runs in
+`wrap_rollout`, `pipeline_trainer` on ART >= 0.5.20, workers on PostgreSQL), an agent
+kind (ART's OpenAI client or a LangGraph graph on ART's chat model, streamed or not), a
+failure (the agent raises, an LLM request gets HTTP 500 or times out, `@art.retry`
+retries, `max_exceptions` is exceeded, the reward function raises) and up to two kills
+(`POINT:N`, SIGKILL at the Nth arrival at a crash point tests/support/crash_points.py declares,
+`append` among them: right after an acknowledged append). The case runs in
 child processes on a fresh database until the run finishes (tests/matrix/harness.py);
 then every invariant of tests/matrix/invariants.py is checked:
 
@@ -25,8 +26,20 @@ one drawn case per database, the same in every run (derandomized, no shrinking);
 `ARTSTORE_MATRIX_EXAMPLES` sets the CI draw too; `ARTSTORE_MATRIX_PATTERNS=a,b` draws
 from those patterns only.
 
-What it found (Hypothesis' falsifying examples, and the time it took to find them):
-see docs/guarantees.md, "The guarantee matrix".
+What it found, each before its fix (docs/guarantees.md, "The guarantee matrix", has the
+messages and times):
+
+- issue 24 item 1 (a durable loop trains the same trajectories twice): the first case of
+  `ci_cases`, on both databases and both ARTs;
+- item 6 (streamed LangGraph calls recorded twice), drawn in 105 s:
+  Case(pattern='training-framework', agent='langgraph-stream', failure='none',
+  kills=(), database='postgresql');
+- item 8 (PipelineTrainer records no LLM call), drawn in 77 s on ART 0.5.23:
+  Case(pattern='pipeline-trainer', agent='openai', failure='none', kills=(),
+  database='sqlite');
+- calls of rollouts cancelled when `max_exceptions` is exceeded went unrecorded (fixed
+  with item 6), drawn in 126 s: Case(pattern='user-loop', agent='openai',
+  failure='max-exceptions', kills=(), database='sqlite').
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ The questions and what each engine computes:
    rollouts, prompt, completion and total tokens, tokens per rollout, mean call latency,
    summed from the rollouts' call totals in `v_rollouts` (the calls without a latency,
    from `v_llm_calls`, are left out of the mean, as AVG over the calls does;
-   tests/test_sql_cli.py checks that it equals the aggregate over `v_llm_calls`).
+   tests/cli/test_sql_cli.py checks that it equals the aggregate over `v_llm_calls`).
    Parquet: the same from each trajectory's `metrics` JSON text (sum of `num_llm_calls`,
    count of rows, sums of the token counts, total / rows, and
    sum of `llm_latency_s` / sum of `num_llm_calls`).
@@ -298,7 +298,7 @@ the transaction's appends carried, and uses one wherever its SHA-256 is its hash
 themselves where LangChain would read the document back unchanged in the row's fields
 (`StoredMessage.plain`: a human, system, ai or tool message with text content and no
 field its class lacks; a message is built when the merging rule must compare two by
-value). tests/test_message_rows.py holds the rows to those LangChain's objects give.
+value). tests/projections/test_message_rows.py holds the rows to those LangChain's objects give.
 The writer's time went from 967 to 765 samples (-21%). The caller's side is now about a
 third of the wall time, nearly all of it the cyclic collector's passes over the bench's
 own queued plan during `canonical_json` (see the third pass). Same run, alternating

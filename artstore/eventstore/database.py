@@ -101,6 +101,11 @@ class Writer:
     connection, a dedicated connection), and chooses how a `WriteBatch` is committed.
     """
 
+    # Whether `commit_now` may commit on the caller's thread at all (SQLite, whose write
+    # lock is often free at once). Elsewhere an append goes straight to the writer task:
+    # trying first would only cost a loop turn and a batch built twice.
+    commits_inline = False
+
     def commit_now(self, batch: WriteBatch) -> bool:
         """Commit `batch` here and now, on the caller's thread, if the database can without
         waiting for anything (True once committed; False, with nothing written, when it

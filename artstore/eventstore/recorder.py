@@ -11,7 +11,7 @@ database learns while it runs (which migration it has) belong to its `Database`.
 `recorder_of(connection)` (`artstore.eventstore.database`) finds the recorder through the
 registry of databases there (`DATABASES`), by SQLAlchemy's name for the connection's
 database: the one lookup by that name outside the two modules
-(`tests/test_dialect_containment.py`).
+(`tests/codebase/test_dialect_containment.py`).
 """
 
 from __future__ import annotations

@@ -385,6 +385,8 @@ class SQLiteWriter(Writer):
         self._thread: ThreadPoolExecutor | None = None
         self._busy_timeout_s = SQLITE_BUSY_TIMEOUT_S  # as the connection is opened
 
+    commits_inline = True
+
     def commit_now(self, batch: WriteBatch) -> bool:
         # A small transaction runs on the event loop's thread when the file's write lock
         # is free at once: a hop to the writer thread and back costs more than writing a

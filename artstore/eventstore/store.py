@@ -244,6 +244,10 @@ class EventStore:
         """
         self._appending += 1
         try:
+            if self._writer is None or not self._writer.commits_inline:
+                return await self.append_nowait(
+                    stream_id, new_events, expected_version, blobs=blobs, condition=condition
+                )
             # Let every appender that is ready to run queue its append first: when this
             # one is then alone, it is committed here and now, without the two hops
             # through the writer task; when not, the writer commits them together (group

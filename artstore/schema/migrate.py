@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
     from alembic.script import ScriptDirectory
 
-# The newest revision in artstore/migrations/versions (tests/test_schema.py checks that
+# The newest revision in artstore/migrations/versions (tests/schema/test_schema.py checks that
 # Alembic's scripts agree): a new migration changes it too.
 HEAD_REVISION = "0013"
 VERSION_TABLE = "alembic_version"  # Alembic's default, in the connection's default schema

@@ -6,7 +6,7 @@ Create Date: 2026-11-30 09:00:00.000000
 
 The views are declared once, in artstore/schema/views.py; this revision keeps the SQL they
 compiled to when it was written, for each database, so that a later change of views.py
-needs a revision of its own (tests/test_schema.py checks that the newest revision that
+needs a revision of its own (tests/schema/test_schema.py checks that the newest revision that
 creates views matches views.py). README.md ("SQL views") documents their columns.
 """
 

@@ -1,4 +1,4 @@
-"""Write the parquet samples of `tests/parquet_samples.py` with the installed ART.
+"""Write the parquet samples of `tests/support/parquet_samples.py` with the installed ART.
 
 Run it once with each ART (each writes its own format):
 
@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE.parent / "support"))
 
 from parquet_samples import write_samples  # noqa: E402
 
