@@ -37,7 +37,7 @@ MAX_KILLS = 2  # a second kill reaches what only a restart does (the reconciled 
 
 @dataclass(frozen=True)
 class Case:
-    """One run of the matrix; `kills` are crash points `POINT:N` (tests/crash_points.py:
+    """One run of the matrix; `kills` are crash points `POINT:N` (tests/support/crash_points.py:
     SIGKILL at the Nth arrival at POINT), fired one per start, in order."""
 
     pattern: str
@@ -48,7 +48,7 @@ class Case:
 
     @property
     def plan(self) -> str:
-        """The crash plan the child arms (tests/crash_points.py), or ''."""
+        """The crash plan the child arms (tests/support/crash_points.py), or ''."""
         return ",".join(self.kills)
 
     def write(self, folder: Path) -> None:

@@ -1,14 +1,14 @@
 """The child process of a matrix case: one run of a pattern, until it finishes or is killed.
 
-`train(url, workdir, plan)` has the shape of the crash drivers' (tests/crash_points.py), so
-that tests/crash_runs.py runs it in a forkserver child. The case is read from
+`train(url, workdir, plan)` has the shape of the crash drivers' (tests/support/crash_points.py), so
+that tests/support/crash_runs.py runs it in a forkserver child. The case is read from
 WORKDIR/case.json. Around the pattern it sets up what the invariants read afterwards:
 
 - a LocalInferenceServer that logs each request it received (WORKDIR/requests.jsonl),
   answers each call with a text of its own (a nonce: two trajectories that say the same
   are copies), some spelling out the server's API key (a credential artstore saw), and
   carries the case's scripted HTTP error or timeout;
-- the crash points of tests/crash_points.py around the store and the backend, `append`
+- the crash points of tests/support/crash_points.py around the store and the backend, `append`
   (right after an acknowledged append) included;
 - an ack file (WORKDIR/acks.txt): the event ids of every append the store acknowledged,
   written and synced before the caller hears of it.

@@ -1,6 +1,6 @@
 """Running a case: its child started again and again until the run finishes.
 
-Each start is a child of a forkserver that imported ART once (tests/crash_runs.py); the
+Each start is a child of a forkserver that imported ART once (tests/support/crash_runs.py); the
 child may die by its crash point (SIGKILL), stop on a failure the case injects (an
 exception out of the loop: exit 1), or finish (exit 0). Anything else, or a run that does
 not finish within MAX_STARTS starts, fails the case with the child's log.

@@ -6,7 +6,7 @@ loop of `recording_backend` + `durable_rollouts` + `group_recorder` with
 `wrap_rollout`, `pipeline_trainer` on ART >= 0.5.20), an agent kind (ART's OpenAI client
 or a LangGraph graph on ART's chat model, streamed or not), a failure (the agent raises,
 an LLM request gets HTTP 500 or times out, `@art.retry` retries, `max_exceptions` is
-exceeded, the reward function raises) and a crash point (each one tests/crash_points.py
+exceeded, the reward function raises) and a crash point (each one tests/support/crash_points.py
 declares, or `append:N`: SIGKILL after the Nth acknowledged append). The case runs in
 child processes on a fresh database until the run finishes (tests/matrix/harness.py);
 then every invariant of tests/matrix/invariants.py is checked:
