@@ -27,7 +27,7 @@ async def places_holding(
     store: Any, database_url: str, run: str, secret: str, folder: Path, *, quick: bool = False
 ) -> list[str]:
     """The places (names) where `secret` can be read; [] when none. `quick` (for the many
-    runs of tests/test_guarantee_matrix.py): the viewer's pages rendered in this process,
+    runs of tests/training/test_guarantee_matrix.py): the viewer's pages rendered in this process,
     and no command run (their output is read from the same places)."""
     await store.flush()
     texts: dict[str, list[str]] = {}
