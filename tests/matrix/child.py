@@ -69,30 +69,45 @@ class Acks:
         self.descriptor = os.open(workdir / ACKS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.crash_plan = crash_plan
 
-    def acknowledged(self, events: Any, future: asyncio.Future) -> None:
-        if future.cancelled() or future.exception() is not None:
-            return
+    def acknowledged(self, events: Any) -> None:
         ids = "".join(f"{e.event_id}\n" for e in events)
         os.write(self.descriptor, ids.encode())
         os.fsync(self.descriptor)
         self.crash_plan.reached("append")
 
+    def when_committed(self, events: Any) -> Any:
+        """A future's callback: acknowledge `events` if their append succeeded."""
+
+        def done(future: asyncio.Future) -> None:
+            if not future.cancelled() and future.exception() is None:
+                self.acknowledged(events)
+
+        return done
+
     def watch(self, store: Any) -> None:
-        """Hear of every append of `store` (its crash points wrapped already)."""
+        """Hear of every append of `store` (its crash points wrapped already): `append`
+        (which no longer goes through `append_nowait`), and the queued ones."""
+        append = store.append
         append_nowait, append_together_nowait = store.append_nowait, store.append_together_nowait
 
-        def append(stream_id: str, events: Any, *args: Any, **kwargs: Any) -> Any:
+        async def append_acknowledged(stream_id: str, events: Any, *args: Any, **kw: Any) -> Any:
+            result = await append(stream_id, events, *args, **kw)
+            self.acknowledged(events)
+            return result
+
+        def nowait(stream_id: str, events: Any, *args: Any, **kwargs: Any) -> Any:
             future = append_nowait(stream_id, events, *args, **kwargs)
-            future.add_done_callback(lambda f: self.acknowledged(events, f))
+            future.add_done_callback(self.when_committed(events))
             return future
 
         def together(appends: Any) -> list[Any]:
             futures = append_together_nowait(appends)
             for pending, future in zip(appends, futures, strict=True):
-                future.add_done_callback(lambda f, e=pending.events: self.acknowledged(e, f))
+                future.add_done_callback(self.when_committed(pending.events))
             return futures
 
-        store.append_nowait, store.append_together_nowait = append, together
+        store.append = append_acknowledged
+        store.append_nowait, store.append_together_nowait = nowait, together
 
 
 async def train(url: str, workdir: Path, plan: str) -> None:
