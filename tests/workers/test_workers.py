@@ -480,9 +480,11 @@ async def test_a_trainer_trains_what_workers_roll_out_within_the_off_policy_boun
                 config=config,
                 validation_model=validation_model(server),
             )
+            # No worker dies here, so the lease only has to outlast a heartbeat starved by
+            # a busy machine: a lost lease would redo a rollout and change the counts below.
             workers = [
                 run_worker(
-                    s, run, scripted_agent, concurrency=2, lease_s=10, api_key=server.api_key
+                    s, run, scripted_agent, concurrency=2, lease_s=120, api_key=server.api_key
                 )
                 for s in (store_a, store_b)
             ]
@@ -557,7 +559,7 @@ async def test_workers_wait_for_a_failed_run_to_be_resumed_by_its_trainer(
         ):
             workers = asyncio.gather(
                 *(
-                    run_worker(s, run, scripted_agent, lease_s=10, api_key=server.api_key)
+                    run_worker(s, run, scripted_agent, lease_s=120, api_key=server.api_key)
                     for s in (store_a, store_b)
                 )
             )
