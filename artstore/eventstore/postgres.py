@@ -226,6 +226,8 @@ _SQLSTATE_KINDS = {
     "53100": ErrorKind.DISK_FULL,  # disk_full, "could not extend file" included
     "42883": ErrorKind.UNDEFINED_FUNCTION,  # undefined_function
     "42501": ErrorKind.UNDEFINED_FUNCTION,  # insufficient_privilege (set_config revoked)
+    "40P01": ErrorKind.CONFLICT_RETRY,  # deadlock_detected: one side is rolled back
+    "40001": ErrorKind.CONFLICT_RETRY,  # serialization_failure
 }
 
 RECORDER = PostgresRecorder()

@@ -37,6 +37,7 @@ class ErrorKind(Enum):
     LOCK_TIMEOUT = "a lock was not granted within lock_timeout"
     DISK_FULL = "the database has no space left"
     UNDEFINED_FUNCTION = "a function the statement calls is missing or may not be run"
+    CONFLICT_RETRY = "the server ended the transaction to break a deadlock or conflict"
 
 
 class Recorder(Protocol):

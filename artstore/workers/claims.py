@@ -22,6 +22,8 @@ than that many steps after the policy step it ran at.
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -44,7 +46,8 @@ from sqlalchemy import (
 from sqlalchemy.exc import DBAPIError
 
 from artstore.errors import ConfigurationError, LeaseLostError, WrongDatabaseError
-from artstore.eventstore.database import translate_error
+from artstore.eventstore.database import error_kind, translate_error
+from artstore.eventstore.recorder import ErrorKind
 from artstore.schema.tables import group_claims, rollout_claims, worker_runs
 from artstore.workers.notify import notify, notify_sync
 
@@ -65,6 +68,7 @@ NOW = func.clock_timestamp  # the database's clock, for every lease (hosts' cloc
 # could not be taken over when its leases expire. The server ends such a session once it
 # has sat idle in its transaction this long (the sessions' default is 10 minutes).
 CLAIMS_IDLE_TIMEOUT = "5s"
+CONFLICT_RETRIES = 5  # a deadlock broken by the server, the transaction run again
 _pg_database = table("pg_database", column("oid"), column("datname"))
 
 
@@ -158,10 +162,18 @@ async def claims_transaction(
         )
         return await work(connection)
 
-    try:
-        return await database.run_write(bounded)
-    except (DBAPIError, OSError) as exc:
-        raise translate_error(exc, database) from exc
+    # Workers, heartbeats and trainers update the same claim rows in whatever order their
+    # statements reach them, so the server may end one transaction to break a deadlock.
+    # Each transaction here is whole in itself: running it again is what the server asks.
+    for attempt in range(CONFLICT_RETRIES + 1):
+        try:
+            return await database.run_write(bounded)
+        except (DBAPIError, OSError) as exc:
+            if attempt < CONFLICT_RETRIES and error_kind(exc) is ErrorKind.CONFLICT_RETRY:
+                await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt + 1))
+                continue
+            raise translate_error(exc, database) from exc
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 async def _read(database: Database, work: Callable[[AsyncConnection], Awaitable[T]]) -> T:
