@@ -212,10 +212,10 @@ async def run_storm(
         kills += 1
         assert (await rows(store, t.runs))[0].status == "running", "the run ended before the storm"
 
-    await asyncio.to_thread(storm_.trainer.join, 120)
+    await asyncio.to_thread(storm_.trainer.join, PATIENCE_S)  # the rest of the run, slowly
     assert storm_.trainer.exitcode == 0, "the trainer did not finish"
     for process in storm_.workers:
-        await asyncio.to_thread(process.join, 60)
+        await asyncio.to_thread(process.join, PATIENCE_S)
         assert process.exitcode == 0, f"worker {process.pid} exited {process.exitcode}"
     return paused, cut
 
