@@ -10,21 +10,19 @@ trajectory (a second rollout of the same attempt) is told from two trajectories 
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import loop_crash_driver as driver
 import pytest
+from budget import LONG
 from crash_runs import driver_checkpoints, forkserver, groups_in_checkpoints, run_until_finished
 from training_helpers import projections, rows
 
 import artstore
 from artstore.schema import tables as t
 from artstore.training.durable import durable_group_id
-
-LONG = os.environ.get("ARTSTORE_LONG") == "1"
 
 
 @pytest.fixture(scope="module")
