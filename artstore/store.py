@@ -25,13 +25,9 @@ from artstore.arguments import (
     check_url,
     check_whole_numbers,
 )
-from artstore.capture import credentials
-from artstore.capture.rollout import rollout, to_json_value
 from artstore.errors import DatabaseUnavailableError, InvalidArgumentError
 from artstore.eventstore.database import Database, connect, database_class, translate_error
 from artstore.eventstore.store import EventStore, Projector, SideBySide
-from artstore.projections import project, projected_types, rebuild, side_by_side
-from artstore.projections.art_trajectories import read_trajectories
 from artstore.redaction import learn
 from artstore.schema import migrate
 from artstore.urls import resolve_url
@@ -128,6 +124,8 @@ class Store:
         See `artstore.capture.rollout` for what is recorded and when it is durable, and
         for `check` (run in the transactions that record the rollout's start and end).
         """
+        from artstore.capture.rollout import rollout, to_json_value
+
         check_model_name(model)
         check_json("scenario", to_json_value(scenario))
         check_names(optional=True, run=run, group_id=group_id, rollout_id=rollout_id)
@@ -169,6 +167,7 @@ class Store:
         for rollout_id in rollout_ids:
             check_name("rollout_id", rollout_id)
         check_name("scorer", scorer, optional=True)
+        from artstore.projections.art_trajectories import read_trajectories
 
         return await read_trajectories(self.events, list(dict.fromkeys(rollout_ids)), scorer)
 
@@ -176,6 +175,7 @@ class Store:
 
     async def rebuild_projections(self) -> int:
         """Recompute every projection table from the event log; returns the events replayed."""
+        from artstore.projections import rebuild
 
         def locked_rebuild(connection: Connection) -> int:
             # Hold appenders off: an append projected meanwhile would update deleted rows.
@@ -225,6 +225,8 @@ async def open_store(
         raise
     if read_only:  # it never appends: no projector (LangChain and the projections stay unloaded)
         return Store(database)
+    from artstore.capture import credentials
+    from artstore.projections import project, projected_types, side_by_side  # not for `--help`
 
     credentials.install()  # a store that writes learns the keys of the requests sent from now
 
