@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from budget import LONG
 
 from artstore.art_versions import has_pipeline_trainer
 
@@ -194,7 +195,14 @@ def test_the_pipeline_trainer_block_is_left_out_only_where_art_lacks_it():
     assert blocks_to_run(blocks, pipeline_trainer=False) == [b for b in with_it if b != pipeline]
 
 
+# As pasted, the blocks use the default store: SQLite, a reader's first run. The whole site
+# again on PostgreSQL is the long budget (ARTSTORE_LONG=1): it is the suite's longest test,
+# and every command, script and view the pages show is tested on both databases elsewhere.
+PAGES_DATABASES = ["sqlite", "postgresql"] if LONG else ["sqlite"]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("database_url", PAGES_DATABASES, indirect=True)
 def test_every_block_runs_as_pasted_in_order(database_url, tmp_path):
     blocks = blocks_to_run(docs_blocks(), pipeline_trainer=has_pipeline_trainer())
     env = environment(database_url)
