@@ -1,0 +1,464 @@
+"""`checkpointer(store)`: LangGraph's checkpoint saver on artstore's event log.
+
+    graph = builder.compile(checkpointer=artstore.langgraph.checkpointer(store))
+
+Every `put` is a `langgraph.checkpoint` event and every `put_writes` a `langgraph.writes`
+event in the thread's stream (`langgraph-<thread id>`), immutable like every other event;
+each names the rollout that was current when it was written (`rollout_id`). Values are
+serialized with LangGraph's own serializer (`JsonPlusSerializer`: msgpack, never pickle);
+a small value is kept in the event, a large one (over `INLINE_BYTES`) in a blob. A
+checkpoint stores the channels that changed (`new_versions`) only: an unchanged channel
+is read from the checkpoint that wrote its version, as LangGraph's PostgreSQL saver does.
+
+Reads go through three projection tables (`artstore.projections.checkpoints`) that say
+which event holds each checkpoint, channel value and write: a read is a few lookups by
+key whatever the length of the thread. `delete_thread` appends `langgraph.thread_deleted`,
+which hides the thread's earlier checkpoints and writes from every read; the events stay
+in the log, and a rebuild of the projections hides them again.
+
+The async methods run on the store's event loop. The sync ones (`graph.invoke`) may be
+called from any other thread: they run the async method on the loop the checkpointer was
+made on and wait for it. Called on that loop's own thread they would wait for themselves,
+and raise instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from sqlalchemy import select, tuple_
+from sqlalchemy.engine import Connection
+
+from artstore.capture.rollout import current_rollout
+from artstore.errors import ConfigurationError, InvalidArgumentError
+from artstore.events import LangGraphCheckpoint, LangGraphThreadDeleted, LangGraphWrites
+from artstore.eventstore.blobs import blob_hash, blob_json, load_payload, read_blob_texts
+from artstore.projections.checkpoints import version_key
+from artstore.redaction import known_secrets
+from artstore.schema import tables as t
+
+if TYPE_CHECKING:
+    from artstore.store import Store
+
+T = TypeVar("T")
+
+# A serialized value up to this many bytes is kept in its event; a larger one in a blob.
+INLINE_BYTES = 2048
+
+_CHECKPOINTS = t.langgraph_checkpoints
+_VALUES = t.langgraph_channel_values
+_WRITES = t.langgraph_writes
+_EVENTS = t.events
+
+
+def checkpointer(store: Store, *, serde: SerializerProtocol | None = None) -> EventLogSaver:
+    """A LangGraph checkpoint saver that keeps checkpoints in `store`'s event log.
+
+    `serde`: LangGraph's serializer (default: `JsonPlusSerializer()`); one that falls back
+    to pickle is refused. Make it on the event loop the store was opened on.
+    """
+    return EventLogSaver(store, serde=serde)
+
+
+class EventLogSaver(BaseCheckpointSaver[str]):
+    """`BaseCheckpointSaver` over artstore's event log (see the module's docstring)."""
+
+    def __init__(self, store: Store, *, serde: SerializerProtocol | None = None) -> None:
+        if getattr(serde, "pickle_fallback", False):
+            raise InvalidArgumentError(
+                "serde", "falls back to pickle; artstore stores JSON and msgpack only"
+            )
+        super().__init__(serde=serde or JsonPlusSerializer())
+        self.store = store
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None  # taken from the first async call
+
+    # --- writing ------------------------------------------------------------------------
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        self._remember_loop()
+        configurable = config["configurable"]
+        thread_id = str(configurable["thread_id"])
+        checkpoint_ns = configurable.get("checkpoint_ns", "")
+        skeleton = dict(checkpoint)
+        values = skeleton.pop("channel_values")
+        blobs: dict[str, str] = {}
+        event = LangGraphCheckpoint(
+            thread_id=thread_id,
+            checkpoint_ns=checkpoint_ns,
+            checkpoint_id=checkpoint["id"],
+            parent_checkpoint_id=configurable.get("checkpoint_id"),
+            checkpoint=self._document(skeleton),
+            metadata=self._document(get_checkpoint_metadata(config, metadata)),
+            versions=dict(new_versions),
+            values={
+                channel: self._value(values[channel], blobs) if channel in values else None
+                for channel in new_versions
+            },
+            rollout_id=_current_rollout_id(),
+        )
+        await self.store.append(_stream(thread_id), [event], blobs=blobs)
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": checkpoint_ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        self._remember_loop()
+        if not writes:
+            return
+        configurable = config["configurable"]
+        thread_id = str(configurable["thread_id"])
+        blobs: dict[str, str] = {}
+        event = LangGraphWrites(
+            thread_id=thread_id,
+            checkpoint_ns=configurable.get("checkpoint_ns", ""),
+            checkpoint_id=configurable["checkpoint_id"],
+            task_id=task_id,
+            task_path=task_path,
+            writes=[
+                [WRITES_IDX_MAP.get(channel, index), channel, self._value(value, blobs)]
+                for index, (channel, value) in enumerate(writes)
+            ],
+            rollout_id=_current_rollout_id(),
+        )
+        await self.store.append(_stream(thread_id), [event], blobs=blobs)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        self._remember_loop()
+        thread_id = str(thread_id)
+        await self.store.append(_stream(thread_id), [LangGraphThreadDeleted(thread_id=thread_id)])
+
+    # --- reading ------------------------------------------------------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._remember_loop()
+        configurable = config["configurable"]
+        query = _select_checkpoints().where(
+            _CHECKPOINTS.c.thread_id == str(configurable["thread_id"]),
+            _CHECKPOINTS.c.checkpoint_ns == configurable.get("checkpoint_ns", ""),
+        )
+        if checkpoint_id := get_checkpoint_id(config):
+            query = query.where(_CHECKPOINTS.c.checkpoint_id == checkpoint_id)
+        query = query.order_by(_CHECKPOINTS.c.checkpoint_id.desc()).limit(1)
+        found = await self._read(query, None, 1)
+        return found[0] if found else None
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        self._remember_loop()
+        query = _select_checkpoints()
+        configurable = (config or {}).get("configurable", {})
+        if "thread_id" in configurable:
+            query = query.where(_CHECKPOINTS.c.thread_id == str(configurable["thread_id"]))
+        if configurable.get("checkpoint_ns") is not None:
+            query = query.where(_CHECKPOINTS.c.checkpoint_ns == configurable["checkpoint_ns"])
+        if checkpoint_id := configurable.get("checkpoint_id"):
+            query = query.where(_CHECKPOINTS.c.checkpoint_id == checkpoint_id)
+        if before is not None and (before_id := get_checkpoint_id(before)):
+            query = query.where(_CHECKPOINTS.c.checkpoint_id < before_id)
+        # Newest first, as LangGraph's savers list them (checkpoint ids grow with time).
+        query = query.order_by(_CHECKPOINTS.c.checkpoint_id.desc())
+        for found in await self._read(query, filter or None, limit):
+            yield found
+
+    # --- sync: the async methods, run on the store's loop --------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return self._wait(self.aget_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        async def collect() -> list[CheckpointTuple]:
+            listed = self.alist(config, filter=filter, before=before, limit=limit)
+            return [found async for found in listed]
+
+        return iter(self._wait(collect()))
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return self._wait(self.aput(config, checkpoint, metadata, new_versions))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        self._wait(self.aput_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        self._wait(self.adelete_thread(thread_id))
+
+    def _remember_loop(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+
+    def _wait(self, work: Coroutine[Any, Any, T]) -> T:
+        loop = self._loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is loop:
+            work.close()
+            raise ConfigurationError(
+                "the synchronous methods of artstore's checkpointer run on the store's event "
+                "loop from another thread: use the async ones (`graph.ainvoke`) on that loop, "
+                "or run the sync graph in a thread (`await asyncio.to_thread(graph.invoke, ...)`)"
+            )
+        return asyncio.run_coroutine_threadsafe(work, loop).result()
+
+    # --- values -------------------------------------------------------------------------
+
+    def _typed(self, value: Any) -> list[str]:
+        kind, data = self.serde.dumps_typed(value)
+        if kind == "pickle":
+            raise InvalidArgumentError("serde", "wrote pickle; artstore never stores pickle")
+        return [kind, base64.b64encode(_masked(data)).decode("ascii")]
+
+    def _value(self, value: Any, blobs: dict[str, str]) -> Any:
+        typed = self._typed(value)
+        if len(typed[1]) <= INLINE_BYTES:
+            return typed
+        body = blob_json(typed)
+        digest = blob_hash(body)
+        blobs[digest] = body
+        return {"blob": digest}
+
+    def _document(self, value: dict[str, Any]) -> dict[str, Any]:
+        """`{"json": value}` where JSON gives `value` back exactly, else its typed form."""
+        try:
+            if json.loads(json.dumps(value, allow_nan=False)) == value:
+                return {"json": value}
+        except (TypeError, ValueError):
+            pass
+        return {"typed": self._typed(value)}
+
+    def _load(self, typed: list[str]) -> Any:
+        kind, text = typed
+        if kind == "pickle":
+            raise InvalidArgumentError("serde", "a stored value is pickle; artstore never loads it")
+        return self.serde.loads_typed((kind, base64.b64decode(text)))
+
+    def _load_document(self, document: dict[str, Any]) -> Any:
+        return document["json"] if "json" in document else self._load(document["typed"])
+
+    # --- reading, inside one connection -------------------------------------------------
+
+    async def _read(
+        self, query: Any, metadata_filter: dict[str, Any] | None, limit: int | None
+    ) -> list[CheckpointTuple]:
+        async with self.store.database.read() as connection:
+            rows = await connection.run_sync(
+                lambda c: _read_rows(c, query, metadata_filter, limit, self._load_document)
+            )
+        return [self._tuple(row) for row in rows]
+
+    def _tuple(self, row: _Row) -> CheckpointTuple:
+        def value(stored: Any) -> Any:
+            if isinstance(stored, dict):
+                return self._load(json.loads(row.blobs[stored["blob"]]))
+            return self._load(stored)
+
+        checkpoint = dict(row.checkpoint)
+        checkpoint["channel_values"] = {
+            channel: value(stored) for channel, stored in row.values.items() if stored is not None
+        }
+        thread = {"thread_id": row.thread_id, "checkpoint_ns": row.checkpoint_ns}
+        parent = row.data.get("parent_checkpoint_id")
+        return CheckpointTuple(
+            config={"configurable": {**thread, "checkpoint_id": row.data["checkpoint_id"]}},
+            checkpoint=checkpoint,
+            metadata=row.metadata,
+            parent_config={"configurable": {**thread, "checkpoint_id": parent}} if parent else None,
+            pending_writes=[(task, channel, value(stored)) for task, channel, stored in row.writes],
+        )
+
+
+class _Row:
+    """A checkpoint as read: its event's payload, its values and writes as stored."""
+
+    def __init__(
+        self, thread_id: str, checkpoint_ns: str, data: dict[str, Any], metadata: Any
+    ) -> None:
+        self.thread_id = thread_id
+        self.checkpoint_ns = checkpoint_ns
+        self.data = data
+        self.metadata = metadata
+        self.checkpoint: dict[str, Any] = {}
+        self.values: dict[str, Any] = {}
+        self.writes: list[tuple[str, str, Any]] = []
+        self.blobs: dict[str, str] = {}
+
+
+def _select_checkpoints() -> Any:
+    return select(_CHECKPOINTS.c.thread_id, _CHECKPOINTS.c.checkpoint_ns, _EVENTS.c.data).join(
+        _EVENTS, _EVENTS.c.position == _CHECKPOINTS.c.position
+    )
+
+
+def _read_rows(
+    c: Connection,
+    query: Any,
+    metadata_filter: dict[str, Any] | None,
+    limit: int | None,
+    load_document: Any,
+) -> list[_Row]:
+    """The checkpoints `query` selects, newest first, those whose metadata holds every
+    item of `metadata_filter`, at most `limit`, with their values, writes and blobs."""
+    rows: list[_Row] = []
+    if metadata_filter is None and limit is not None:
+        query = query.limit(limit)
+    for thread_id, checkpoint_ns, data in c.execute(query):
+        data = _payload(data)
+        metadata = load_document(data["metadata"])
+        if metadata_filter and any(
+            k not in metadata or metadata[k] != v for k, v in metadata_filter.items()
+        ):
+            continue
+        rows.append(_Row(thread_id, checkpoint_ns, data, metadata))
+        if limit is not None and len(rows) >= limit:
+            break
+    for row in rows:
+        row.checkpoint = load_document(row.data["checkpoint"])
+        _read_values(c, row)
+        _read_writes(c, row)
+    hashes = [h for row in rows for h in _blob_refs(row)]
+    if hashes:
+        texts = read_blob_texts(c, hashes)
+        for row in rows:
+            row.blobs = texts
+    return rows
+
+
+def _read_values(c: Connection, row: _Row) -> None:
+    """The value of each channel at its version in the checkpoint: from the checkpoint's
+    own event where it wrote that version, else from the event that did."""
+    versions = row.checkpoint.get("channel_versions", {})
+    own_versions = row.data.get("versions", {})
+    own_values = row.data.get("values", {})
+    elsewhere = []
+    for channel, version in versions.items():
+        if channel in own_versions and version_key(own_versions[channel]) == version_key(version):
+            row.values[channel] = own_values.get(channel)
+        else:
+            elsewhere.append((channel, version_key(version)))
+    if not elsewhere:
+        return
+    query = (
+        select(_VALUES.c.channel, _EVENTS.c.data)
+        .join(_EVENTS, _EVENTS.c.position == _VALUES.c.position)
+        .where(
+            _VALUES.c.thread_id == row.thread_id,
+            _VALUES.c.checkpoint_ns == row.checkpoint_ns,
+            tuple_(_VALUES.c.channel, _VALUES.c.version).in_(elsewhere),
+        )
+    )
+    for channel, data in c.execute(query):
+        row.values[channel] = _payload(data).get("values", {}).get(channel)
+
+
+def _read_writes(c: Connection, row: _Row) -> None:
+    """The checkpoint's pending writes, in LangGraph's order (`writes_sort_key`)."""
+    query = (
+        select(_WRITES.c.task_id, _WRITES.c.idx, _EVENTS.c.data)
+        .join(_EVENTS, _EVENTS.c.position == _WRITES.c.position)
+        .where(
+            _WRITES.c.thread_id == row.thread_id,
+            _WRITES.c.checkpoint_ns == row.checkpoint_ns,
+            _WRITES.c.checkpoint_id == row.data["checkpoint_id"],
+        )
+    )
+    found = []
+    for task_id, idx, data in c.execute(query):
+        payload = _payload(data)
+        for index, channel, stored in payload["writes"]:
+            if index == idx:
+                key = writes_sort_key(payload.get("task_path", ""), task_id, idx)
+                found.append((key, (task_id, channel, stored)))
+                break
+    row.writes = [write for _, write in sorted(found, key=lambda item: item[0])]
+
+
+def _blob_refs(row: _Row) -> Iterator[str]:
+    stored = [*row.values.values(), *(w[2] for w in row.writes)]
+    for value in stored:
+        if isinstance(value, dict):
+            yield value["blob"]
+
+
+def _payload(data: Any) -> dict[str, Any]:
+    return data if isinstance(data, dict) else load_payload(data)
+
+
+def _stream(thread_id: str) -> str:
+    return f"langgraph-{thread_id}"
+
+
+def _current_rollout_id() -> str | None:
+    rollout = current_rollout()
+    return rollout.id if rollout is not None and not rollout.closed else None
+
+
+def _masked(data: bytes) -> bytes:
+    """`data` with each credential the process knows overwritten byte for byte (msgpack
+    keeps the length of every string, so the value still reads)."""
+    for secret in known_secrets():
+        encoded = secret.encode()
+        if encoded in data:
+            data = data.replace(encoded, b"*" * len(encoded))
+    return data
