@@ -156,10 +156,10 @@ async def test_the_sync_methods_run_from_another_thread_and_refuse_the_loops_own
     assert result == (await uninterrupted(config))[0]
     history = await asyncio.to_thread(lambda: list(graph.get_state_history(config)))
     assert len(history) == 5
-    assert (await saver.aget_tuple(config)).checkpoint["id"] == history[0].config[
-        "configurable"
-    ]["checkpoint_id"]
-    with pytest.raises(ConfigurationError, match="asyncio.to_thread"):
+    assert (await saver.aget_tuple(config)).checkpoint["id"] == history[0].config["configurable"][
+        "checkpoint_id"
+    ]
+    with pytest.raises(ConfigurationError, match=r"asyncio\.to_thread"):
         saver.get_tuple(config)
 
 
