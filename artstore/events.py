@@ -378,8 +378,9 @@ class TrajectoryRecorded(Event):
 # --- LangGraph checkpoints (artstore.langgraph.checkpointer) -------------------------------
 #
 # A value LangGraph's serializer wrote (`serde.dumps_typed`: a type and bytes, never
-# pickle) is kept as `[type, base64]` in the payload when small, or as `{"blob": hash}`
-# naming a blob whose text is that pair when large. `None`: the channel was emptied.
+# pickle) is kept as `[type, base64]` (`[type, base64, "zlib"]` when compressed) in the
+# payload when small, or as `{"blob": hash}` naming a blob whose text is that list when
+# large. `None`: the channel was emptied.
 
 
 @event_type("langgraph.checkpoint")
