@@ -69,8 +69,33 @@ PEERS = {
     "sqlite": ("artstore", "sqlite", "aiosqlite"),
     "postgresql": ("artstore", "postgres", "apostgres"),
 }
-WORDS = """the agent calls a tool with arguments and reads the result before it answers search
-lookup file line error value user question because therefore however""".split()
+WORDS = [
+    "the",
+    "agent",
+    "calls",
+    "a",
+    "tool",
+    "with",
+    "arguments",
+    "and",
+    "reads",
+    "the",
+    "result",
+    "before",
+    "it",
+    "answers",
+    "search",
+    "lookup",
+    "file",
+    "line",
+    "error",
+    "value",
+    "user",
+    "question",
+    "because",
+    "therefore",
+    "however",
+]
 GETS_PER_STEP = 2
 
 
