@@ -316,10 +316,9 @@ class EventLogSaver(BaseCheckpointSaver[str]):
     async def _read(
         self, query: Any, metadata_filter: dict[str, Any] | None, limit: int | None
     ) -> list[CheckpointTuple]:
-        async with self.store.database.read() as connection:
-            rows = await connection.run_sync(
-                lambda c: _read_rows(c, query, metadata_filter, limit, self._load_document)
-            )
+        rows = await self.store.database.run_read(
+            lambda c: _read_rows(c, query, metadata_filter, limit, self._load_document)
+        )
         return [self._tuple(row) for row in rows]
 
     def _tuple(self, row: _Row) -> CheckpointTuple:
