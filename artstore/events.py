@@ -380,7 +380,8 @@ class TrajectoryRecorded(Event):
 # A value LangGraph's serializer wrote (`serde.dumps_typed`: a type and bytes, never
 # pickle) is kept as `[type, base64]` (`[type, base64, "zlib"]` when compressed) in the
 # payload when small, or as `{"blob": hash}` naming a blob whose text is that list when
-# large. `None`: the channel was emptied.
+# large; a list longer than `CHUNK_ITEMS` as `{"chunks": [...]}`, each chunk of items a
+# blob's hash or a small chunk's `[type, base64]`. `None`: the channel was emptied.
 
 
 @event_type("langgraph.checkpoint")

@@ -7,7 +7,9 @@ event in the thread's stream (`langgraph-<thread id>`), immutable like every oth
 each names the rollout that was current when it was written (`rollout_id`). Values are
 serialized with LangGraph's own serializer (`JsonPlusSerializer`: msgpack, never pickle),
 zlib-compressed from `COMPRESS_FROM_BYTES` on where that pays; a small value is kept in
-the event, a large one (over `INLINE_BYTES` of base64) in a blob. A
+the event, a large one (over `INLINE_BYTES` of base64) in a blob, and a long list (a
+conversation's messages) in chunks of `CHUNK_ITEMS`, each in a content-addressed blob, so
+that a full chunk is stored once however many checkpoints hold it. A
 checkpoint stores the channels that changed (`new_versions`) only: an unchanged channel
 is read from the checkpoint that wrote its version, as LangGraph's PostgreSQL saver does.
 
@@ -64,6 +66,10 @@ T = TypeVar("T")
 
 # A serialized value up to this many bytes is kept in its event; a larger one in a blob.
 INLINE_BYTES = 2048
+# A list longer than this (a conversation's messages) is kept in chunks of this many items,
+# each a content-addressed blob: a conversation that grows by a message a step stores its
+# full chunks once, not once per checkpoint, and is read back in a few blobs.
+CHUNK_ITEMS = 16
 # A serialized value this large or larger is kept zlib-compressed where that saves at
 # least a tenth: conversations compress to a third, and base64 adds a third back.
 COMPRESS_FROM_BYTES = 512
@@ -282,13 +288,24 @@ class EventLogSaver(BaseCheckpointSaver[str]):
         return [kind, base64.b64encode(data).decode("ascii")]
 
     def _value(self, value: Any, blobs: dict[str, str]) -> Any:
+        """How a value is stored: `[type, base64(, "zlib")]` in the event, `{"blob": hash}`,
+        or for a long list `{"chunks": [...]}`, each chunk of `CHUNK_ITEMS` items a blob's
+        hash or, when small, its typed form."""
+        if type(value) is list and len(value) > CHUNK_ITEMS:
+            return {
+                "chunks": [
+                    self._chunk(value[start : start + CHUNK_ITEMS], blobs)
+                    for start in range(0, len(value), CHUNK_ITEMS)
+                ]
+            }
         typed = self._typed(value)
         if len(typed[1]) <= INLINE_BYTES:
             return typed
-        body = blob_json(typed)
-        digest = blob_hash(body)
-        blobs[digest] = body
-        return {"blob": digest}
+        return {"blob": _in_blob(typed, blobs)}
+
+    def _chunk(self, items: list[Any], blobs: dict[str, str]) -> Any:
+        typed = self._typed(items)
+        return typed if len(typed[1]) <= INLINE_BYTES else _in_blob(typed, blobs)
 
     def _document(self, value: dict[str, Any]) -> dict[str, Any]:
         """`{"json": value}` where JSON gives `value` back exactly, else its typed form."""
@@ -322,10 +339,13 @@ class EventLogSaver(BaseCheckpointSaver[str]):
         return [self._tuple(row) for row in rows]
 
     def _tuple(self, row: _Row) -> CheckpointTuple:
+        def typed(stored: Any) -> Any:  # a typed form, or the hash of a blob holding one
+            return self._load(json.loads(row.blobs[stored]) if isinstance(stored, str) else stored)
+
         def value(stored: Any) -> Any:
-            if isinstance(stored, dict):
-                return self._load(json.loads(row.blobs[stored["blob"]]))
-            return self._load(stored)
+            if isinstance(stored, dict) and "chunks" in stored:
+                return [item for chunk in stored["chunks"] for item in typed(chunk)]
+            return typed(stored["blob"] if isinstance(stored, dict) else stored)
 
         checkpoint = dict(row.checkpoint)
         checkpoint["channel_values"] = {
@@ -450,8 +470,18 @@ def _read_writes(c: Connection, row: _Row) -> None:
 def _blob_refs(row: _Row) -> Iterator[str]:
     stored = [*row.values.values(), *(w[2] for w in row.writes)]
     for value in stored:
-        if isinstance(value, dict):
+        if isinstance(value, dict) and "chunks" in value:
+            yield from (chunk for chunk in value["chunks"] if isinstance(chunk, str))
+        elif isinstance(value, dict):
             yield value["blob"]
+
+
+def _in_blob(typed: list[str], blobs: dict[str, str]) -> str:
+    """The hash of the blob that holds `typed`, added to the append's `blobs`."""
+    body = blob_json(typed)
+    digest = blob_hash(body)
+    blobs[digest] = body
+    return digest
 
 
 def _payload(data: Any) -> dict[str, Any]:

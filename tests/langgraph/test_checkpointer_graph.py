@@ -168,3 +168,63 @@ async def test_a_serializer_that_falls_back_to_pickle_is_refused(store):
 
     with pytest.raises(artstore.errors.InvalidArgumentError, match="pickle"):
         checkpointer(store, serde=JsonPlusSerializer(pickle_fallback=True))
+
+
+async def test_long_conversations_are_stored_in_shared_chunks_and_read_back_equal(store):
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from artstore.langgraph.checkpointer import CHUNK_ITEMS, INLINE_BYTES
+
+    saver = checkpointer(store)
+    config = {"configurable": {"thread_id": "long", "checkpoint_ns": ""}}
+    messages = [
+        (HumanMessage if n % 2 else AIMessage)(content=f"message {n} " * 20, id=str(n))
+        for n in range(3 * CHUNK_ITEMS)
+    ]
+    stored = []
+    for length in (2 * CHUNK_ITEMS + 1, 3 * CHUNK_ITEMS):
+        checkpoint = empty_checkpoint()
+        values = {"messages": messages[:length], "report": "x" * (4 * INLINE_BYTES)}
+        checkpoint["channel_values"] = values
+        checkpoint["channel_versions"] = {"messages": length, "report": 1}
+        changed = {"messages": length, **({} if stored else {"report": 1})}
+        config = await saver.aput(config, checkpoint, {"step": length}, changed)
+        big = {"rows": list(range(2000))}
+        await saver.aput_writes(config, [("messages", messages[:1]), ("rows", big)], "task")
+        stored.append((config, messages[:length], big))
+    for config, expected, big in stored:
+        found = await saver.aget_tuple(config)
+        assert found.checkpoint["channel_values"]["messages"] == expected
+        assert found.checkpoint["channel_values"]["report"] == "x" * (4 * INLINE_BYTES)
+        assert found.pending_writes == [
+            ("task", "messages", messages[:1]),
+            ("task", "rows", big),
+        ]
+    events = [e for e in await store.read_stream("langgraph-long") if e.type.endswith("point")]
+    first, second = (e.data["values"]["messages"]["chunks"] for e in events)
+    assert len(first) == 3 and len(second) == 3
+    assert first[:2] == second[:2]  # full chunks are stored once, shared by both
+    assert "report" not in events[1].data["values"]  # unchanged: read from the first
+
+
+async def test_credentials_in_the_state_are_overwritten_before_they_are_stored(store):
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from artstore.redaction import learn
+
+    secret = "sk-checkpoint-" + "7f3a9c1e" * 4
+    learn([secret])
+    saver = checkpointer(store)
+    config = {"configurable": {"thread_id": "secret", "checkpoint_ns": ""}}
+    checkpoint = empty_checkpoint()
+    checkpoint["channel_values"] = {"env": {"OPENAI_API_KEY": secret}, "log": [secret] * 40}
+    checkpoint["channel_versions"] = {"env": 1, "log": 1}
+    config = await saver.aput(config, checkpoint, {"key": secret}, {"env": 1, "log": 1})
+    found = await saver.aget_tuple(config)
+    assert found.checkpoint["channel_values"]["env"] == {"OPENAI_API_KEY": "*" * len(secret)}
+    assert secret not in repr(found)
+    async with store.database.read() as connection:
+        rows = (await connection.execute(t.events.select())).all()
+        rows += (await connection.execute(t.blobs.select())).all()
+    assert rows and not any(secret in repr(row) for row in rows)
