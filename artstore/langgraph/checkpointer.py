@@ -48,7 +48,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from sqlalchemy import select, tuple_
+from sqlalchemy import Integer, Text, and_, bindparam, cast, null, select, tuple_, union_all
 from sqlalchemy.engine import Connection
 
 from artstore.capture.rollout import current_rollout
@@ -180,15 +180,19 @@ class EventLogSaver(BaseCheckpointSaver[str]):
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         self._remember_loop()
         configurable = config["configurable"]
-        query = _select_checkpoints().where(
-            _CHECKPOINTS.c.thread_id == str(configurable["thread_id"]),
-            _CHECKPOINTS.c.checkpoint_ns == configurable.get("checkpoint_ns", ""),
-        )
-        if checkpoint_id := get_checkpoint_id(config):
-            query = query.where(_CHECKPOINTS.c.checkpoint_id == checkpoint_id)
-        query = query.order_by(_CHECKPOINTS.c.checkpoint_id.desc()).limit(1)
-        found = await self._read(query, None, 1)
-        return found[0] if found else None
+        thread_id = str(configurable["thread_id"])
+        checkpoint_ns = configurable.get("checkpoint_ns", "")
+        checkpoint_id = get_checkpoint_id(config)
+        parameters = {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}
+        if checkpoint_id:
+            parameters["checkpoint_id"] = checkpoint_id
+        statement = _ONE_BY_ID if checkpoint_id else _LATEST
+
+        def read(c: Connection) -> _Row | None:
+            return _read_one(c, statement, parameters, self._load_document)
+
+        row = await self.store.database.run_read(read)
+        return None if row is None else self._tuple(row)
 
     async def alist(
         self,
@@ -384,6 +388,60 @@ def _select_checkpoints() -> Any:
     )
 
 
+def _checkpoint_with_writes(by_id: bool) -> Any:
+    """One statement for `get_tuple`: the checkpoint's event (idx NULL), then the events of
+    its pending writes, each with its task and index. Built once, with bound parameters."""
+    thread = and_(
+        _CHECKPOINTS.c.thread_id == bindparam("thread_id"),
+        _CHECKPOINTS.c.checkpoint_ns == bindparam("checkpoint_ns"),
+    )
+    chosen = select(_CHECKPOINTS.c.checkpoint_id, _CHECKPOINTS.c.position).where(thread)
+    if by_id:
+        chosen = chosen.where(_CHECKPOINTS.c.checkpoint_id == bindparam("checkpoint_id"))
+    chosen = chosen.order_by(_CHECKPOINTS.c.checkpoint_id.desc()).limit(1).cte("chosen")
+    checkpoint = select(
+        cast(null(), Text).label("task_id"), cast(null(), Integer).label("idx"), _EVENTS.c.data
+    ).join_from(chosen, _EVENTS, _EVENTS.c.position == chosen.c.position)
+    writes = (
+        select(_WRITES.c.task_id, _WRITES.c.idx, _EVENTS.c.data)
+        .join_from(
+            chosen,
+            _WRITES,
+            and_(
+                _WRITES.c.thread_id == bindparam("thread_id"),
+                _WRITES.c.checkpoint_ns == bindparam("checkpoint_ns"),
+                _WRITES.c.checkpoint_id == chosen.c.checkpoint_id,
+            ),
+        )
+        .join(_EVENTS, _EVENTS.c.position == _WRITES.c.position)
+    )
+    return union_all(checkpoint, writes)
+
+
+_LATEST = _checkpoint_with_writes(by_id=False)
+_ONE_BY_ID = _checkpoint_with_writes(by_id=True)
+
+
+def _read_one(
+    c: Connection, statement: Any, parameters: dict[str, str], load_document: Any
+) -> _Row | None:
+    """The checkpoint `statement` selects, with its values, writes and blobs; None if none."""
+    found = c.execute(statement, parameters).all()
+    checkpoint = next((data for _, idx, data in found if idx is None), None)
+    if checkpoint is None:
+        return None
+    data = _payload(checkpoint)
+    row = _Row(parameters["thread_id"], parameters["checkpoint_ns"], data, None)
+    row.metadata = load_document(data["metadata"])
+    row.checkpoint = load_document(data["checkpoint"])
+    _read_values(c, row)
+    row.writes = _ordered_writes([(task, idx, d) for task, idx, d in found if idx is not None])
+    hashes = list(_blob_refs(row))
+    if hashes:
+        row.blobs = read_blob_texts(c, hashes)
+    return row
+
+
 def _read_rows(
     c: Connection,
     query: Any,
@@ -456,15 +514,21 @@ def _read_writes(c: Connection, row: _Row) -> None:
             _WRITES.c.checkpoint_id == row.data["checkpoint_id"],
         )
     )
+    row.writes = _ordered_writes(c.execute(query).all())
+
+
+def _ordered_writes(rows: list[Any]) -> list[tuple[str, str, Any]]:
+    """(task, channel, value as stored) of each (task id, index, event payload) row, in
+    LangGraph's order (`writes_sort_key`)."""
     found = []
-    for task_id, idx, data in c.execute(query):
+    for task_id, idx, data in rows:
         payload = _payload(data)
         for index, channel, stored in payload["writes"]:
             if index == idx:
                 key = writes_sort_key(payload.get("task_path", ""), task_id, idx)
                 found.append((key, (task_id, channel, stored)))
                 break
-    row.writes = [write for _, write in sorted(found, key=lambda item: item[0])]
+    return [write for _, write in sorted(found, key=lambda item: item[0])]
 
 
 def _blob_refs(row: _Row) -> Iterator[str]:
