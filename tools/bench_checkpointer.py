@@ -27,6 +27,7 @@ the same database for put and get, and at most as large per checkpoint.
 
     python tools/bench_checkpointer.py                # both databases, 200 steps, 3 rounds
     python tools/bench_checkpointer.py --databases sqlite --steps 100 --rounds 1
+    python tools/bench_checkpointer.py --quick        # a smoke run of a few seconds
 
 Results are in docs/performance.md ("LangGraph checkpoints").
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import secrets
 import shutil
@@ -373,8 +375,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--databases", nargs="+", choices=list(PEERS), default=list(PEERS))
     parser.add_argument("--steps", type=int, default=200, help="checkpoints per thread")
     parser.add_argument("--rounds", type=int, default=3, help="threads per saver (medians)")
-    parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES_URL)
-    return parser.parse_args(argv)
+    postgres_url = os.environ.get("ARTSTORE_BENCH_POSTGRES_URL", DEFAULT_POSTGRES_URL)
+    parser.add_argument("--postgres-url", default=postgres_url)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 20 steps, 1 round")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.rounds = 20, 1
+    return args
 
 
 async def main(argv: Sequence[str] | None = None) -> int:
