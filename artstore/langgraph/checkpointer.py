@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 import zlib
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
@@ -55,6 +56,7 @@ from artstore.capture.rollout import current_rollout
 from artstore.errors import ConfigurationError, InvalidArgumentError
 from artstore.events import LangGraphCheckpoint, LangGraphThreadDeleted, LangGraphWrites
 from artstore.eventstore.blobs import blob_hash, blob_json, load_payload, read_blob_texts
+from artstore.names import unstorable_character
 from artstore.projections.checkpoints import version_key
 from artstore.redaction import known_secrets
 from artstore.schema import tables as t
@@ -454,14 +456,15 @@ def _read_rows(
     rows: list[_Row] = []
     if metadata_filter is None and limit is not None:
         query = query.limit(limit)
-    for thread_id, checkpoint_ns, data in c.execute(query):
+    for _, _, data in c.execute(query):
         data = _payload(data)
         metadata = load_document(data["metadata"])
         if metadata_filter and any(
             k not in metadata or metadata[k] != v for k, v in metadata_filter.items()
         ):
             continue
-        rows.append(_Row(thread_id, checkpoint_ns, data, metadata))
+        # The ids as the event holds them (the tables hold NUL as U+FFFD).
+        rows.append(_Row(data["thread_id"], data.get("checkpoint_ns", ""), data, metadata))
         if limit is not None and len(rows) >= limit:
             break
     for row in rows:
@@ -553,7 +556,13 @@ def _payload(data: Any) -> dict[str, Any]:
 
 
 def _stream(thread_id: str) -> str:
-    return f"langgraph-{thread_id}"
+    """The thread's stream: `langgraph-<thread id>`, or for an id a stream id cannot hold
+    (over 200 characters, NUL, a lone surrogate) `langgraph-sha256-<its hash>`; the events
+    name the thread itself either way."""
+    if len(thread_id) <= 200 and unstorable_character(thread_id) is None:
+        return f"langgraph-{thread_id}"
+    digest = hashlib.sha256(thread_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"langgraph-sha256-{digest}"
 
 
 def _current_rollout_id() -> str | None:

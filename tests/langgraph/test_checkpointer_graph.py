@@ -228,3 +228,19 @@ async def test_credentials_in_the_state_are_overwritten_before_they_are_stored(s
         rows = (await connection.execute(t.events.select())).all()
         rows += (await connection.execute(t.blobs.select())).all()
     assert rows and not any(secret in repr(row) for row in rows)
+
+
+async def test_a_thread_id_no_stream_id_can_hold_still_keeps_its_checkpoints(store):
+    agent = Agent()
+    agent.failing = False
+    saver = checkpointer(store)
+    graph = agent.graph(saver)
+    for thread_id in ("t" * 1000, "nul\x00thread"):
+        config = {"configurable": {"thread_id": thread_id}}
+        finished = await graph.ainvoke({"steps": []}, config)
+        assert len(finished["steps"]) == 4
+        assert (await graph.aget_state(config)).values == finished
+        found = await saver.aget_tuple(config)
+        assert found.config["configurable"]["thread_id"] == thread_id
+        listed = [c.config["configurable"]["thread_id"] async for c in saver.alist(config)]
+        assert listed == [thread_id] * 5
