@@ -1,19 +1,27 @@
 """A real LangGraph graph on `artstore.langgraph.checkpointer`, on both databases: a node
 fails in the middle of a run, the store is closed, and a new store object resumes the
 graph from its last super-step (no finished node runs again, not even the one that
-finished beside the failed one); the history is read back from the log and a past
-checkpoint is forked."""
+finished beside the failed one); a process killed with SIGKILL in the middle of a
+super-step is resumed by another the same way; the history is read back from the log
+and a past checkpoint is forked."""
 
 from __future__ import annotations
 
 import asyncio
 import operator
+import os
+import signal
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 from typing import Annotated, TypedDict
 
+import langgraph_killed_agent
 import pytest
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
+from waiting import eventually
 
 import artstore
 from artstore.errors import ConfigurationError
@@ -113,6 +121,47 @@ async def test_a_graph_resumes_from_its_last_super_step_in_a_new_store(database_
         latest = await graph.aget_state(config)
         assert latest.values == result
         assert latest.parent_config["configurable"]["checkpoint_id"] is not None
+
+
+async def test_a_process_killed_mid_super_step_resumes_with_what_finished_kept(
+    database_url, tmp_path
+):
+    runs = tmp_path / "runs"
+    runs.touch()
+    config = {"configurable": {"thread_id": "killed"}}
+    agent = subprocess.Popen(
+        [sys.executable, langgraph_killed_agent.__file__, database_url, "killed", str(runs)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    try:
+        async with await artstore.open_store(database_url) as store:
+            saver = checkpointer(store)
+
+            async def search_stored() -> bool:
+                found = await saver.aget_tuple(config)
+                return found is not None and any(
+                    channel == "steps" and value == ["search"]
+                    for _, channel, value in found.pending_writes or []
+                )
+
+            await eventually(search_stored, "the search node's write to be stored", timeout=120)
+            await eventually(lambda: "lookup" in runs.read_text(), "lookup to start")
+            agent.send_signal(signal.SIGKILL)
+            assert agent.wait(timeout=60) == -signal.SIGKILL
+
+            graph = langgraph_killed_agent.build(saver, Path(runs), lookup_waits=False)
+            assert (await graph.aget_state(config)).next == ("lookup",)
+            result = await graph.ainvoke(None, config)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    assert sorted(result["steps"]) == ["answer", "lookup", "plan", "search"]
+    # Run again after the kill: the node that was killed, then the next step; never the
+    # ones that had finished, not even `search`, which finished beside it.
+    assert runs.read_text().split() == ["plan", "search", "lookup", "lookup", "answer"] or (
+        runs.read_text().split() == ["plan", "lookup", "search", "lookup", "answer"]
+    )
 
 
 async def test_delete_thread_hides_the_thread_and_a_rebuild_hides_it_again(store):
