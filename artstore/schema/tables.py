@@ -7,8 +7,9 @@ Two kinds of table:
   (UPDATE, DELETE, TRUNCATE, and on SQLite the REPLACE that deletes before inserting);
 - projections (read models) built from the events inside the same transaction that
   appends them: runs, rollouts, llm_calls, rewards, latest_rewards, groups, group_consumptions,
-  train_steps, train_step_groups, trajectory_messages. They can be rebuilt from the events
-  at any time;
+  train_steps, train_step_groups, trajectory_messages, and LangGraph's checkpoints
+  (langgraph_checkpoints, langgraph_channel_values, langgraph_writes). They can be
+  rebuilt from the events at any time;
 - coordination of rollout workers on PostgreSQL (worker_runs, rollout_claims,
   group_claims): who may do which piece of a run's work now. Not projections and not
   history: a claim says who holds a lease, the events say what happened.
@@ -364,6 +365,41 @@ trajectory_messages = Table(
     Column("num_logprobs", Integer, nullable=False, default=0),
 )
 
+# LangGraph checkpoints (artstore.langgraph.checkpointer), projected from the
+# `langgraph.*` events of each thread's stream: where each checkpoint, channel value and
+# pending write of a thread is in the log (`position`: the event that holds it), so that a
+# read is a few lookups by key. `langgraph.thread_deleted` removes a thread's rows.
+langgraph_checkpoints = Table(
+    "langgraph_checkpoints",
+    metadata,
+    Column("thread_id", ProjectedLongText, primary_key=True),
+    Column("checkpoint_ns", ProjectedLongText, primary_key=True),
+    Column("checkpoint_id", ProjectedLongText, primary_key=True),
+    Column("parent_checkpoint_id", ProjectedLongText),
+    Column("position", Position, nullable=False),
+)
+
+langgraph_channel_values = Table(
+    "langgraph_channel_values",
+    metadata,
+    Column("thread_id", ProjectedLongText, primary_key=True),
+    Column("checkpoint_ns", ProjectedLongText, primary_key=True),
+    Column("channel", ProjectedLongText, primary_key=True),
+    Column("version", ProjectedLongText, primary_key=True),  # the version as JSON text
+    Column("position", Position, nullable=False),
+)
+
+langgraph_writes = Table(
+    "langgraph_writes",
+    metadata,
+    Column("thread_id", ProjectedLongText, primary_key=True),
+    Column("checkpoint_ns", ProjectedLongText, primary_key=True),
+    Column("checkpoint_id", ProjectedLongText, primary_key=True),
+    Column("task_id", ProjectedLongText, primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("position", Position, nullable=False),
+)
+
 PROJECTION_TABLES = (
     runs,
     rollouts,
@@ -375,6 +411,9 @@ PROJECTION_TABLES = (
     train_step_groups,
     group_consumptions,
     trajectory_messages,
+    langgraph_checkpoints,
+    langgraph_channel_values,
+    langgraph_writes,
 )
 
 # --- coordination of rollout workers (used on PostgreSQL) ----------------------------------
