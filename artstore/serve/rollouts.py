@@ -34,9 +34,12 @@ if TYPE_CHECKING:
 class AgentFailure(Exception):
     """What an agent reported as the reason its rollout failed (`POST .../fail`)."""
 
-    def __init__(self, error_type: str, message: str) -> None:
-        super().__init__(message)
-        self.error_type = error_type
+    @staticmethod
+    def named(error_type: str, message: str) -> AgentFailure:
+        """An AgentFailure whose type is named `error_type`, as `rollout.failed` records it
+        (the recorder names an exception's type, as for one raised in-process)."""
+        kind = type(error_type[:100] or "AgentError", (AgentFailure,), {})
+        return kind(message)
 
 
 @dataclass
@@ -155,7 +158,7 @@ class Rollouts:
         served.recorder.logs.extend(_lines(body.get("logs")))
         await self._end(served)
         try:
-            await served.recorder.fail(AgentFailure(str(error_type or "AgentError"), message))
+            await served.recorder.fail(AgentFailure.named(str(error_type or "AgentError"), message))
         finally:
             await self._ended(served)
 
@@ -166,7 +169,7 @@ class Rollouts:
                 continue
             await self._end(served)
             try:
-                await served.recorder.fail(AgentFailure("ServerStopped", reason))
+                await served.recorder.fail(AgentFailure.named("ServerStopped", reason))
             finally:
                 await self._ended(served)
 
