@@ -12,47 +12,46 @@ from artstore.cli.shared import UrlOption, console, err_console, run, say_error
 token_app = typer.Typer(no_args_is_help=True, help="Tokens of `artstore serve`.")
 
 
+Upstream = Annotated[
+    str,
+    typer.Option(
+        help="Base URL of the OpenAI-compatible inference server calls go to "
+        "(e.g. http://127.0.0.1:8000/v1).",
+    ),
+]
+Host = Annotated[str, typer.Option(help="Address to listen on; any but loopback requires tokens.")]
+Port = Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free port).")]
+UpstreamKey = Annotated[
+    str | None,
+    typer.Option(
+        envvar="ARTSTORE_UPSTREAM_API_KEY",
+        help="Key sent upstream when the agent sends none (never stored).",
+        show_default=False,
+    ),
+]
+RequireTokens = Annotated[
+    bool, typer.Option("--require-tokens", help="Require a token on loopback too.")
+]
+MaxBody = Annotated[int, typer.Option(min=1, help="Largest request body accepted (413 beyond).")]
+PublicUrl = Annotated[
+    str | None,
+    typer.Option(help="Base of the URLs handed to agents (default: as the client asked)."),
+]
+CertFile = Annotated[Path | None, typer.Option(help="TLS certificate (uvicorn's --ssl-certfile).")]
+KeyFile = Annotated[Path | None, typer.Option(help="TLS private key (uvicorn's --ssl-keyfile).")]
+
+
 def serve(
-    upstream: Annotated[
-        str,
-        typer.Option(
-            help="Base URL of the OpenAI-compatible inference server calls go to "
-            "(e.g. http://127.0.0.1:8000/v1).",
-        ),
-    ],
+    upstream: Upstream,
     url: UrlOption = None,
-    host: Annotated[
-        str,
-        typer.Option(help="Address to listen on; any but loopback requires tokens."),
-    ] = "127.0.0.1",
-    port: Annotated[
-        int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free port).")
-    ] = 8420,
-    upstream_api_key: Annotated[
-        str | None,
-        typer.Option(
-            envvar="ARTSTORE_UPSTREAM_API_KEY",
-            help="Key sent upstream when the agent sends none (never stored).",
-            show_default=False,
-        ),
-    ] = None,
-    require_tokens: Annotated[
-        bool,
-        typer.Option("--require-tokens", help="Require a token on loopback too."),
-    ] = False,
-    max_body_bytes: Annotated[
-        int, typer.Option(min=1, help="Largest request body accepted (413 beyond).")
-    ] = 32 * 1024 * 1024,
-    public_url: Annotated[
-        str | None,
-        typer.Option(help="Base of the URLs handed to agents (default: as the client asked)."),
-    ] = None,
-    ssl_certfile: Annotated[
-        Path | None, typer.Option(help="TLS certificate (uvicorn's --ssl-certfile).")
-    ] = None,
-    ssl_keyfile: Annotated[
-        Path | None, typer.Option(help="TLS private key (uvicorn's --ssl-keyfile).")
-    ] = None,
+    host: Host = "127.0.0.1",
+    port: Port = 8420,
+    upstream_api_key: UpstreamKey = None,
+    require_tokens: RequireTokens = False,
+    max_body_bytes: MaxBody = 32 * 1024 * 1024,
+    public_url: PublicUrl = None,
+    ssl_certfile: CertFile = None,
+    ssl_keyfile: KeyFile = None,
 ) -> None:
     """Record agents' LLM calls from anywhere: an OpenAI-compatible proxy and a rollout API.
 

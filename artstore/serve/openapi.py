@@ -51,8 +51,6 @@ def _paths() -> dict[str, Any]:
         "metadata": _JSON_OBJECT,
         "logs": _STRINGS,
     }
-    error = {"oneOf": [{"type": "string"}, {"type": "object"}]}
-    rollout = {"parameters": [_ROLLOUT_ID]}
     return {
         "/api/runs/{run}/rollouts": {
             "post": {
@@ -64,6 +62,15 @@ def _paths() -> dict[str, Any]:
                 "responses": {"201": _ok("started", started), **_errors(400, 401, 403, 413)},
             }
         },
+        **_rollout_paths(finish_body),
+        **_proxy_paths(),
+    }
+
+
+def _rollout_paths(finish_body: dict[str, Any]) -> dict[str, Any]:
+    error = {"oneOf": [{"type": "string"}, {"type": "object"}]}
+    rollout = {"parameters": [_ROLLOUT_ID]}
+    return {
         "/api/rollouts/{rollout_id}": {
             **rollout,
             "get": {
@@ -103,6 +110,11 @@ def _paths() -> dict[str, Any]:
                 "responses": {"200": _ok("the trajectory"), **_errors(401, 403, 404)},
             },
         },
+    }
+
+
+def _proxy_paths() -> dict[str, Any]:
+    return {
         "/r/{token}/v1/{path}": {
             "post": {
                 "summary": "OpenAI-compatible API, recorded in the token's rollout",
