@@ -39,6 +39,7 @@ async def serving(store: Any, upstream: Any, **options: Any) -> AsyncIterator[Se
     url = upstream if isinstance(upstream, str) else upstream.base_url
     app = create_app(store, upstream=url, **options)
     sock = socket.socket()
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
