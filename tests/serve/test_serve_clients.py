@@ -71,6 +71,7 @@ async def test_curl_whole_and_streamed_and_models(served: Served) -> None:
         "model": "test-model",
         "messages": [{"role": "user", "content": "Rome"}],
         "tools": [WEATHER_TOOL],
+        "return_token_ids": True,  # vLLM's: the engine's own token ids, kept for ART
     }
 
     async def curl(*args: str) -> str:
@@ -87,9 +88,12 @@ async def test_curl_whole_and_streamed_and_models(served: Served) -> None:
     whole = json.loads(
         await curl(url, "-H", "Content-Type: application/json", "-d", json.dumps(body))
     )
+    # Answered once durable: the call is in the database as the agent gets its answer.
+    assert len(await calls_of(served.store, started["rollout_id"])) == 1
     streamed = await curl(
         url, "-H", "Content-Type: application/json", "-d", json.dumps({**body, "stream": True})
     )
+    assert len(await calls_of(served.store, started["rollout_id"])) == 2  # by its last chunk
     models = await curl(
         f"{served.address}/v1/models", "-H", f"X-Artstore-Rollout-Token: {started['token']}"
     )
@@ -102,6 +106,8 @@ async def test_curl_whole_and_streamed_and_models(served: Served) -> None:
         (False, None, True),
         (True, None, True),
     ]  # /models is relayed, not recorded
+    [output] = (await served.store.get_blobs([calls[0]["output"]])).values()
+    assert json.loads(output)["json"]["prompt_token_ids"] == whole["prompt_token_ids"]
 
 
 async def test_a_node_agent_with_the_official_openai_package(served: Served) -> None:
