@@ -37,6 +37,14 @@ PublicUrl = Annotated[
     str | None,
     typer.Option(help="Base of the URLs handed to agents (default: as the client asked)."),
 ]
+Lease = Annotated[
+    float,
+    typer.Option(
+        min=1,
+        help="Seconds a killed server's open rollouts stay running before any server "
+        "records them as abandoned.",
+    ),
+]
 CertFile = Annotated[Path | None, typer.Option(help="TLS certificate (uvicorn's --ssl-certfile).")]
 KeyFile = Annotated[Path | None, typer.Option(help="TLS private key (uvicorn's --ssl-keyfile).")]
 
@@ -50,6 +58,7 @@ def serve(
     require_tokens: RequireTokens = False,
     max_body_bytes: MaxBody = 32 * 1024 * 1024,
     public_url: PublicUrl = None,
+    lease: Lease = 60.0,
     ssl_certfile: CertFile = None,
     ssl_keyfile: KeyFile = None,
 ) -> None:
@@ -85,6 +94,7 @@ def serve(
             require_tokens=require_tokens,
             max_body_bytes=max_body_bytes,
             public_url=public_url,
+            lease_s=lease,
             uvicorn_options=options,
             on_ready=ready,
         )

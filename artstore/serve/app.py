@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -14,7 +15,7 @@ from starlette.routing import Route
 
 from artstore.errors import ArtstoreError
 from artstore.redaction import redact_known
-from artstore.serve import api
+from artstore.serve import api, leases
 from artstore.serve.access import ROLLOUT_TOKEN_HEADER, Access
 from artstore.serve.errors import Refused, error_response
 from artstore.serve.limits import DEFAULT_MAX_BODY_BYTES
@@ -37,9 +38,10 @@ def create_app(
     require_tokens: bool = False,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     public_url: str | None = None,
+    lease_s: float = leases.DEFAULT_LEASE_S,
 ) -> Starlette:
     """The app over an open store; the store stays the caller's to close."""
-    rollouts = Rollouts(store, upstream)
+    rollouts = Rollouts(store, upstream, lease_s)
     served = Services(
         store=store,
         rollouts=rollouts,
@@ -50,9 +52,13 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        keeper = asyncio.create_task(leases.keep(store, rollouts.by_token, lease_s))
         try:
             yield
         finally:  # no rollout is left running by a server that stops
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
             await rollouts.stop("the server stopped before the rollout ended")
             await served.proxy.close()
 

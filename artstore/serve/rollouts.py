@@ -57,9 +57,10 @@ class Served:
 class Rollouts:
     """The rollouts this process serves, by id and by the hash of their token."""
 
-    def __init__(self, store: Store, upstream: str) -> None:
+    def __init__(self, store: Store, upstream: str, lease_s: float) -> None:
         self.store = store
         self.upstream = upstream
+        self.lease_s = lease_s
         self.by_id: dict[str, Served] = {}
         self.by_token: dict[str, Served] = {}
 
@@ -79,7 +80,12 @@ class Rollouts:
             raise Refused(400, "invalid_request", _first_line(exc)) from None
         rollout_id = new_id()
         token = await tokens.create_token(
-            self.store, run=run, scope="write", kind="rollout", rollout_id=rollout_id
+            self.store,
+            run=run,
+            scope="write",
+            kind="rollout",
+            rollout_id=rollout_id,
+            lease_s=self.lease_s,
         )
         described = SimpleNamespace(
             name=model,

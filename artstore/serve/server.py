@@ -29,6 +29,7 @@ async def serve(
     require_tokens: bool = False,
     max_body_bytes: int | None = None,
     public_url: str | None = None,
+    lease_s: float | None = None,
     uvicorn_options: dict[str, Any] | None = None,
     on_ready: Any = None,
 ) -> None:
@@ -52,6 +53,7 @@ async def serve(
             require_tokens=require_tokens or not is_loopback(host),
             max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES,
             public_url=public_url,
+            **({"lease_s": lease_s} if lease_s is not None else {}),
         )
         config = uvicorn.Config(
             app,

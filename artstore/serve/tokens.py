@@ -59,8 +59,9 @@ async def create_token(
     kind: str = "run",
     rollout_id: str | None = None,
     ttl_s: float | None = None,
+    lease_s: float | None = None,
 ) -> str:
-    """A new token (returned once; only its hash is stored)."""
+    """A new token (returned once; only its hash is stored); a rollout token's lease."""
     token = _PREFIX[kind] + secrets.token_urlsafe(32)
     learn([token])
     now = datetime.now(UTC)
@@ -72,6 +73,7 @@ async def create_token(
         "rollout_id": rollout_id,
         "created_at": now,
         "expires_at": now + timedelta(seconds=ttl_s) if ttl_s is not None else None,
+        "lease_expires_at": now + timedelta(seconds=lease_s) if lease_s is not None else None,
     }
 
     async def work(connection) -> None:

@@ -7,7 +7,9 @@ Create Date: 2026-12-04 19:45:00.000000
 `artstore serve` admits a client by a token it was shown once: a run token (`artstore
 token create --run R --scope read|write`) or the token minted when a rollout starts,
 which names the rollout in its agent's base URL and dies when the rollout ends. Only the
-SHA-256 of each token is kept, here and never in an event. The reader role of
+SHA-256 of each token is kept, here and never in an event. A rollout token's row also
+holds the lease of the server process serving its rollout (`lease_expires_at`): a server
+killed outright leaves its rollouts to be recorded as abandoned once the lease expires. The reader role of
 `artstore sql` is not given this table (revision 0003 grants it the views alone).
 """
 
@@ -35,6 +37,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("token_hash", name=op.f("pk_api_tokens")),
     )
     op.create_index(op.f("ix_api_tokens_rollout_id"), "api_tokens", ["rollout_id"], unique=False)

@@ -20,6 +20,7 @@ class Served:
     upstream: Any  # a LocalInferenceServer, or a URL
     store: Any
     http: httpx.AsyncClient
+    app: Any = None
 
     async def start(self, run: str = "served", **body: Any) -> dict[str, Any]:
         body.setdefault("model", "agent")
@@ -53,7 +54,7 @@ async def serving(store: Any, upstream: Any, **options: Any) -> AsyncIterator[Se
     port = sock.getsockname()[1]
     try:
         async with httpx.AsyncClient(timeout=60) as client:
-            yield Served(f"http://127.0.0.1:{port}", upstream, store, client)
+            yield Served(f"http://127.0.0.1:{port}", upstream, store, client, app)
     finally:
         server.should_exit = True
         await task

@@ -188,3 +188,26 @@ async def test_a_server_that_stops_fails_its_open_rollouts(
     events = await store.read_stream(f"rollout-{started['rollout_id']}")
     assert events[-1].type == "rollout.failed"
     assert events[-1].data["error_type"] == "ServerStopped"
+
+
+async def test_a_killed_server_leaves_its_rollouts_running_no_longer_than_its_lease(
+    store: Any, upstream: LocalInferenceServer
+) -> None:
+    async with serving(store, upstream, lease_s=1.0) as served:
+        started = await served.start("r")
+        client = openai.AsyncOpenAI(base_url=started["base_url"], api_key=upstream.api_key)
+        await client.chat.completions.create(**CHAT)
+        # As if the process serving it had been killed: nobody renews its lease now.
+        rollouts = served.app.state.serve.rollouts
+        rollouts.by_token.pop(rollouts.by_id.pop(started["rollout_id"]).token_hash)
+
+        stream = f"rollout-{started['rollout_id']}"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while (await store.read_stream(stream))[-1].type != "rollout.failed":
+            assert loop.time() < deadline, "the expired lease was not swept"
+            await asyncio.sleep(0.1)
+        failed = (await store.read_stream(stream))[-1].data
+        assert failed["error_type"] == "RolloutAbandoned"
+        with pytest.raises(openai.ConflictError):  # its token died with it
+            await client.chat.completions.create(**CHAT)
