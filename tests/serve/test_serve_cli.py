@@ -109,3 +109,44 @@ def test_serve_then_curl_then_trajectory_and_sigterm(database_url: str) -> None:
         started["rollout_id"]: "rollout.finished",
         left_open["rollout_id"]: "rollout.failed",  # the server stopped: not left running
     }
+
+
+def test_a_server_killed_mid_stream_leaves_no_rollout_running_past_its_lease(
+    database_url: str,
+) -> None:
+    from serving import serving
+
+    env = {**os.environ, "ARTSTORE_URL": database_url}
+    with LocalInferenceServer(chunk_interval_s=0.5) as upstream:
+        server = subprocess.Popen(
+            command("serve", "--upstream", upstream.base_url, "--port", "0", "--lease", "1"),
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        try:
+            address = server.stdout.readline().split()[2]
+            with httpx.Client(timeout=60) as http:
+                started = http.post(
+                    f"{address}/api/runs/demo/rollouts", json={"model": "agent"}
+                ).json()
+                body = {"model": "test-model", "messages": [OSLO], "stream": True}
+                headers = {"Authorization": f"Bearer {upstream.api_key}"}
+                url = f"{started['base_url']}/chat/completions"
+                with http.stream("POST", url, json=body, headers=headers) as response:
+                    next(response.iter_bytes())  # mid-stream:
+                    server.send_signal(signal.SIGKILL)
+        finally:
+            server.kill()
+            server.wait(timeout=60)
+
+        async def swept() -> Any:
+            stream = f"rollout-{started['rollout_id']}"
+            async with await artstore.open_store(database_url) as store:
+                async with serving(store, upstream, lease_s=1.0):  # another server, sweeping
+                    loop = asyncio.get_running_loop()
+                    deadline = loop.time() + 60
+                    while (await store.read_stream(stream))[-1].type != "rollout.failed":
+                        assert loop.time() < deadline, "the killed server's rollout still runs"
+                        await asyncio.sleep(0.1)
+                    return (await store.read_stream(stream))[-1].data
+
+        assert asyncio.run(swept())["error_type"] == "RolloutAbandoned"
