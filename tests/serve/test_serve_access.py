@@ -133,6 +133,12 @@ async def test_upstream_errors_are_relayed_and_recorded_as_failed_calls(
         headers = {"Authorization": f"Bearer {upstream.api_key}"}
         failed = await served.http.post(url, json=CHAT, headers=headers)
         assert failed.status_code == 500 and "error" in failed.json()
+        # The Responses API is recorded too (this upstream has none: its 404 is relayed).
+        responses = {"model": "test-model", "input": "Lima"}
+        missing = await served.http.post(
+            f"{started['base_url']}/responses", json=responses, headers=headers
+        )
+        assert missing.status_code == 404
         await served.finish(started["rollout_id"])
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
@@ -152,7 +158,8 @@ async def test_upstream_errors_are_relayed_and_recorded_as_failed_calls(
         if e.type == "llm.call"
     ]
     assert calls[0]["error_type"] == "HTTPStatusError" and "HTTP 500" in calls[0]["error_message"]
-    assert calls[1]["error_type"] == "ConnectError"
+    assert (calls[1]["endpoint"], calls[1]["error_type"]) == ("responses", "HTTPStatusError")
+    assert calls[2]["error_type"] == "ConnectError"
 
 
 async def test_a_client_that_leaves_mid_stream_leaves_an_incomplete_call(
