@@ -76,6 +76,10 @@ class Rollouts:
             check_json("scenario", body.get("scenario"))
             if role not in ("policy", "validation"):
                 raise InvalidArgumentError("role", "must be policy or validation")
+            index, served_name = body.get("scenario_index"), body.get("inference_model_name")
+            if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
+                raise InvalidArgumentError("scenario_index", "must be a whole number")
+            check_name("inference_model_name", served_name, optional=True)
         except (InvalidArgumentError, ValueError) as exc:
             raise Refused(400, "invalid_request", _first_line(exc)) from None
         rollout_id = new_id()

@@ -54,6 +54,9 @@ async def test_tokens_scopes_and_ended_rollouts(store: Any, upstream: LocalInfer
         assert await refused(await http.post(start, json=body, headers=bearer(expired)), 401)
         assert await refused(await http.post(start, json=body, headers=bearer(reader)), 403)
         assert await refused(await http.post(start, json=body, headers=bearer(other_run)), 403)
+        for bad in ({}, {"model": "agent", "scenario_index": "3"}, {"model": "a", "role": "x"}):
+            answer = await http.post(start, json=bad, headers=bearer(writer))
+            assert await refused(answer, 400) == "invalid_request"
         assert await log_size(store) == before
 
         started = (await http.post(start, json=body, headers=bearer(writer))).json()
