@@ -23,6 +23,7 @@ from artstore.errors import InvalidArgumentError
 from artstore.events import RewardsRecorded, RolloutFinished, new_id
 from artstore.groups import group_stream
 from artstore.names import check_name
+from artstore.redaction import Redactor
 from artstore.schema import tables as t
 from artstore.serve import tokens
 from artstore.serve.errors import Refused
@@ -107,6 +108,8 @@ class Rollouts:
             role=role,
             rollout_id=rollout_id,
         )
+        # Its token is cleaned from what it records, not learned by the whole process.
+        recorder.redact = Redactor(own=[token])
         served = Served(recorder, run, group_id, tokens.token_hash(token))
         self.by_id[rollout_id] = served
         self.by_token[served.token_hash] = served

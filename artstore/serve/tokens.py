@@ -5,7 +5,8 @@ run: `write` starts, logs, finishes and fails its rollouts, `read` reads them. A
 token is made when a rollout starts; it names that rollout in its agent's base URL
 (`/r/<token>/v1`), may also log, finish or fail that rollout, and is dead once the rollout
 has ended. A token is never written to an event; the process learns each one it makes or
-sees (`artstore.redaction.learn`), so that no log line or error shows it either.
+sees (`artstore.redaction.learn`), so that no log line or error shows it either; a
+rollout's token is cleaned from what that rollout records (`artstore.serve.rollouts`).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ async def create_token(
 ) -> str:
     """A new token (returned once; only its hash is stored); a rollout token's lease."""
     token = _PREFIX[kind] + secrets.token_urlsafe(32)
-    learn([token])
+    if kind == "run":  # a few: learned by the process (a rollout's, by its own redaction)
+        learn([token])
     now = datetime.now(UTC)
     row = {
         "token_hash": token_hash(token),
@@ -85,12 +87,13 @@ async def create_token(
 
 async def find_grant(store: Store, token: str) -> Grant | None:
     """What `token` admits, None for a token this store never made."""
-    learn([token])
     query = select(t.api_tokens).where(t.api_tokens.c.token_hash == token_hash(token))
     async with store.database.read() as connection:
         row = (await connection.execute(query)).first()
     if row is None:
         return None
+    if row.kind == "run":
+        learn([token])
     expires = row.expires_at
     if expires is not None and expires.tzinfo is None:  # SQLite keeps UTC without a zone
         expires = expires.replace(tzinfo=UTC)
