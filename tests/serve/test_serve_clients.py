@@ -1,4 +1,5 @@
-"""Real clients through `artstore serve`: Python's `openai`, curl, and Node's `openai`.
+"""Real clients through `artstore serve`: Python's `openai`, curl, Node's `openai`, and a
+LangGraph agent in a process that does not import artstore.
 
 Each is given only a base URL; what the proxy records is what in-process capture records
 for the same conversation (its trajectory, call for call).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from serving import Served
 from artstore.testing.inference_server import LocalInferenceServer
 
 NODE_AGENT = Path(__file__).parent / "node" / "agent.mjs"
+LANGGRAPH_AGENT = Path(__file__).parent / "langgraph_agent.py"
 
 
 async def calls_of(store: Any, rollout_id: str) -> list[dict[str, Any]]:
@@ -137,3 +140,22 @@ async def test_a_node_agent_with_the_official_openai_package(served: Served) -> 
         assert trajectory.reward == 1.0
         roles = [m["role"] if isinstance(m, dict) else "choice" for m in trajectory.messages()]
         assert roles[:2] == ["system", "user"] and len(roles) == 5
+
+
+async def test_a_langgraph_agent_in_a_process_without_artstore(served: Served) -> None:
+    started = await served.start("r")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(LANGGRAPH_AGENT), started["base_url"], served.upstream.api_key,
+        "Lima", "stream", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, err.decode()
+    ran = json.loads(out)
+    assert ran == {"messages": 4, "artstore": False}  # question, tool call, result, answer
+    assert (await served.finish(started["rollout_id"])).status_code == 200
+
+    calls = await calls_of(served.store, started["rollout_id"])
+    assert [(c["stream"], c["error_type"]) for c in calls] == [(True, None)] * 2
+    assert calls[0]["tool_calls"][0]["name"] == "get_weather"
+    trajectory = await served.store.trajectory(started["rollout_id"])
+    assert len(trajectory.messages()) == 4
