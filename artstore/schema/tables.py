@@ -482,3 +482,27 @@ group_claims = Table(
 )
 
 COORDINATION_TABLES = (worker_runs, rollout_claims, group_claims)
+
+# --- tokens of `artstore serve` ------------------------------------------------------------
+#
+# Who may use the server's API and proxy: a token is shown once, when it is made, and only
+# its SHA-256 is kept (never in an event: tokens are not history). A run token (`scope`
+# read or write) opens the API for one run; a rollout token, made when its rollout starts,
+# names that rollout in the base URL its agent calls, and dies when the rollout ends.
+# A served rollout is leased to the server process serving it (`lease_expires_at`).
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("token_hash", String(64), primary_key=True),  # sha256 hex of the token
+    Column("kind", String(20), nullable=False),  # run | rollout
+    Column("scope", String(20), nullable=False),  # read | write
+    Column("run", NAME, nullable=False),
+    Column("rollout_id", ID),  # the rollout of a rollout token
+    Column("created_at", Timestamp, nullable=False),
+    Column("expires_at", Timestamp),
+    Column("ended_at", Timestamp),  # a rollout token: when its rollout ended
+    # A rollout token: until when the server serving its rollout answers for it (renewed
+    # while it runs); past it, any server records the rollout as abandoned.
+    Column("lease_expires_at", Timestamp),
+    Index(None, "rollout_id"),
+)
