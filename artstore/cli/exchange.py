@@ -2,6 +2,7 @@
 
 artstore export RUN OUT_DIR --format parquet    # ART's trajectories/<split>/<step>.parquet
 artstore export RUN run.jsonl                   # lossless JSONL, one line per rollout
+artstore export RUN run.atif.jsonl --format atif  # ATIF trajectories, one per line
 artstore import .art/my-project/models/agent-001 --run agent-001-from-art
 artstore import run.jsonl --url postgresql://...
 """
@@ -22,6 +23,11 @@ from artstore.cli.shared import UrlOption, console, err_console, fail, run, say_
 class ExportFormat(StrEnum):
     parquet = "parquet"
     jsonl = "jsonl"
+    atif = "atif"
+
+
+class ImportFormat(StrEnum):
+    atif = "atif"
 
 
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run to export.")]
@@ -30,14 +36,15 @@ OutArgument = Annotated[
     typer.Argument(
         metavar="OUT",
         help="parquet: a directory (trajectories/<split>/<step>.parquet go under it); "
-        "jsonl: a file, or - for stdout.",
+        "jsonl, atif: a file, or - for stdout.",
     ),
 ]
 ExportFormatOption = Annotated[
     ExportFormat | None,
     typer.Option(
         "--format",
-        help="parquet (ART's layout and format, readable by ART) or jsonl (lossless). "
+        help="parquet (ART's layout and format, readable by ART), jsonl (lossless) or "
+        "atif (Agent Trajectory Interchange Format, one trajectory per line). "
         "Default: jsonl when OUT ends with .jsonl or is -, else parquet.",
         show_default=False,
     ),
@@ -73,6 +80,15 @@ ImportRunOption = Annotated[
         show_default=False,
     ),
 ]
+ImportFormatOption = Annotated[
+    ImportFormat | None,
+    typer.Option(
+        "--format",
+        help="atif: PATH is ATIF (a .jsonl of trajectories, or a .json of one). Default: "
+        "the suffix tells (.jsonl: artstore's JSONL; .parquet or a directory: ART's parquet).",
+        show_default=False,
+    ),
+]
 ImportScorerOption = Annotated[
     str, typer.Option(help="parquet: the scorer name the parquet's rewards are kept under.")
 ]
@@ -100,16 +116,18 @@ def export(
     chosen = format or (
         ExportFormat.jsonl if to_stdout or out.suffix == ".jsonl" else ExportFormat.parquet
     )
-    if chosen is ExportFormat.jsonl and (scorer or model):
+    if chosen is not ExportFormat.parquet and (scorer or model):
         raise fail("--scorer and --model apply to --format parquet only")
 
     async def work() -> None:
         import artstore
-        from artstore.exchange import export_jsonl, export_parquet
+        from artstore.exchange import export_atif, export_jsonl, export_parquet
 
         async with await artstore.open_store(url, read_only=True) as store:
             if chosen is ExportFormat.jsonl:
-                summary = await export_jsonl(store, run_name, out, force=force)
+                summary = await export_jsonl(store, run_name, out, force=force, progress=_progress)
+            elif chosen is ExportFormat.atif:
+                summary = await export_atif(store, run_name, out, force=force, progress=_progress)
             else:
                 summary = await export_parquet(
                     store, run_name, out, scorer=scorer, model=model, force=force
@@ -117,6 +135,15 @@ def export(
         _say_exported(summary, run_name, out, chosen, scorer)
 
     run(work)
+
+
+def _progress(done: int, total: int) -> None:
+    """A line on stderr per chunk of rollouts written (the export may be on stdout); a run
+    of one chunk gets only the closing line."""
+    from artstore.exchange.source import CHUNK_ROLLOUTS
+
+    if done < total or total > CHUNK_ROLLOUTS:
+        err_console.print(f"exported {done}/{total} rollouts", highlight=False)
 
 
 def _say_exported(
@@ -127,7 +154,7 @@ def _say_exported(
     where = "stdout" if str(out) == "-" else out
     trajectories = counted(summary.trajectories, "trajectory", "trajectories")
     what = f"{trajectories} in {counted(summary.groups, 'group')}"
-    if chosen is ExportFormat.jsonl:
+    if chosen is not ExportFormat.parquet:
         err_console.print(f"wrote {what} of run {run_name!r} to {where}", highlight=False)
     else:
         from artstore.art_versions import parquet_format_version
@@ -153,6 +180,7 @@ def import_(
     path: PathArgument,
     run_name: ImportRunOption = None,
     scorer: ImportScorerOption = "imported",
+    format: ImportFormatOption = None,
     url: UrlOption = None,
 ) -> None:
     """Bring trajectories recorded elsewhere into the store, as imported rollouts.
@@ -171,7 +199,7 @@ def import_(
 
         # Read and checked whole before the store is opened: a file that cannot be
         # imported creates no store.
-        plan = read_plan(path, run=run_name, scorer=scorer)
+        plan = read_plan(path, run=run_name, scorer=scorer, format=format and format.value)
         async with await artstore.open_store(url) as store:
             summary = await write_plan(store, plan)
         _say_imported(summary, path)

@@ -181,7 +181,10 @@ async def load_rollouts(
     return details
 
 
-def chunks(groups: list[GroupOutline], size: int = 500) -> list[list[GroupOutline]]:
+CHUNK_ROLLOUTS = 500  # rollouts an export holds in memory at a time (about)
+
+
+def chunks(groups: list[GroupOutline], size: int = CHUNK_ROLLOUTS) -> list[list[GroupOutline]]:
     """Consecutive groups holding about `size` rollouts together (a group is never split)."""
     found: list[list[GroupOutline]] = [[]]
     count = 0
