@@ -24,19 +24,22 @@ class ExportFormat(StrEnum):
     parquet = "parquet"
     jsonl = "jsonl"
     atif = "atif"
+    otlp = "otlp"
 
 
 class ImportFormat(StrEnum):
     atif = "atif"
+    otlp = "otlp"
 
 
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run to export.")]
 OutArgument = Annotated[
-    Path,
+    Path | None,
     typer.Argument(
-        metavar="OUT",
+        metavar="[OUT]",
+        show_default=False,
         help="parquet: a directory (trajectories/<split>/<step>.parquet go under it); "
-        "jsonl, atif: a file, or - for stdout.",
+        "jsonl, atif, otlp: a file, or - for stdout (otlp: none with --otlp-endpoint).",
     ),
 ]
 ExportFormatOption = Annotated[
@@ -44,7 +47,8 @@ ExportFormatOption = Annotated[
     typer.Option(
         "--format",
         help="parquet (ART's layout and format, readable by ART), jsonl (lossless) or "
-        "atif (Agent Trajectory Interchange Format, one trajectory per line). "
+        "atif (Agent Trajectory Interchange Format, one trajectory per line) or otlp "
+        "(OpenTelemetry GenAI traces, OTLP JSON lines). "
         "Default: jsonl when OUT ends with .jsonl or is -, else parquet.",
         show_default=False,
     ),
@@ -58,6 +62,15 @@ ExportModelOption = Annotated[
     typer.Option(
         help="parquet: number the files by this trained model's steps (project/name; "
         "default: the run's own model)."
+    ),
+]
+EndpointOption = Annotated[
+    str | None,
+    typer.Option(
+        "--otlp-endpoint",
+        help="otlp: send the traces to this OTLP/HTTP endpoint "
+        "(e.g. http://localhost:6006/v1/traces) instead of, or as well as, OUT.",
+        show_default=False,
     ),
 ]
 ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite existing files.")]
@@ -84,7 +97,8 @@ ImportFormatOption = Annotated[
     ImportFormat | None,
     typer.Option(
         "--format",
-        help="atif: PATH is ATIF (a .jsonl of trajectories, or a .json of one). Default: "
+        help="atif: PATH is ATIF (a .jsonl of trajectories, or a .json of one); otlp: OTLP "
+        "JSON (an ExportTraceServiceRequest per line, or a .json of one). Default: "
         "the suffix tells (.jsonl: artstore's JSONL; .parquet or a directory: ART's parquet).",
         show_default=False,
     ),
@@ -96,11 +110,12 @@ ImportScorerOption = Annotated[
 
 def export(
     run_name: RunArgument,
-    out: OutArgument,
+    out: OutArgument = None,
     format: ExportFormatOption = None,
     scorer: ExportScorerOption = None,
     model: ExportModelOption = None,
     force: ForceOption = False,
+    otlp_endpoint: EndpointOption = None,
     url: UrlOption = None,
 ) -> None:
     """Write a run to files: ART's trajectory parquet layout, or artstore's lossless JSONL.
@@ -114,18 +129,35 @@ def export(
     """
     to_stdout = str(out) == "-"
     chosen = format or (
-        ExportFormat.jsonl if to_stdout or out.suffix == ".jsonl" else ExportFormat.parquet
+        ExportFormat.otlp
+        if otlp_endpoint
+        else ExportFormat.jsonl
+        if to_stdout or (out and out.suffix == ".jsonl")
+        else ExportFormat.parquet
     )
     if chosen is not ExportFormat.parquet and (scorer or model):
         raise fail("--scorer and --model apply to --format parquet only")
+    if otlp_endpoint and chosen is not ExportFormat.otlp:
+        raise fail("--otlp-endpoint applies to --format otlp only")
+    if out is None and not otlp_endpoint:
+        raise fail("give OUT, the path to write (or --otlp-endpoint with --format otlp)")
 
     async def work() -> None:
         import artstore
-        from artstore.exchange import export_atif, export_jsonl, export_parquet
+        from artstore.exchange import export_atif, export_jsonl, export_otlp, export_parquet
 
         async with await artstore.open_store(url, read_only=True) as store:
             if chosen is ExportFormat.jsonl:
                 summary = await export_jsonl(store, run_name, out, force=force, progress=_progress)
+            elif chosen is ExportFormat.otlp:
+                summary = await export_otlp(
+                    store,
+                    run_name,
+                    out,
+                    endpoint=otlp_endpoint,
+                    force=force,
+                    progress=_progress,
+                )
             elif chosen is ExportFormat.atif:
                 summary = await export_atif(store, run_name, out, force=force, progress=_progress)
             else:
@@ -147,11 +179,11 @@ def _progress(done: int, total: int) -> None:
 
 
 def _say_exported(
-    summary: Any, run_name: str, out: Path, chosen: ExportFormat, scorer: str | None
+    summary: Any, run_name: str, out: Path | None, chosen: ExportFormat, scorer: str | None
 ) -> None:
     """What was written where, and what was left out (on stderr when the rows are on stdout)."""
     # Progress and notes go to stderr: `export RUN -` writes the JSONL to stdout.
-    where = "stdout" if str(out) == "-" else out
+    where = "stdout" if str(out) == "-" else summary.path if out is None else out
     trajectories = counted(summary.trajectories, "trajectory", "trajectories")
     what = f"{trajectories} in {counted(summary.groups, 'group')}"
     if chosen is not ExportFormat.parquet:
@@ -161,7 +193,8 @@ def _say_exported(
 
         console.print(
             f"wrote {what} of run {run_name!r} to {counted(len(summary.files), 'file')} under "
-            f"{out / 'trajectories'} (ART's parquet format {parquet_format_version()})",
+            f"{Path(summary.path) / 'trajectories'} "
+            f"(ART's parquet format {parquet_format_version()})",
             highlight=False,
         )
     by = repr(scorer) if scorer else "the run's scorer"

@@ -7,6 +7,9 @@
   tools per history, additional histories, every reward); see `artstore.exchange.jsonl`.
 - `export_atif`: one ATIF trajectory (the `atif` package's models) per line; see
   `artstore.exchange.atif_io`, which also reads ATIF files (`import_path(format="atif")`).
+- `export_otlp`: OpenTelemetry GenAI traces, a trace per rollout, as OTLP JSON lines or
+  sent to an OTLP/HTTP endpoint; see `artstore.exchange.otlp`, which also reads them
+  (`import_path(format="otlp")`).
 - `import_path`: ART parquet files of format 1 or 2 on either ART (a file, or a directory of
   `model.log` output) or a JSONL export, as imported rollouts: `rollout.started`,
   `rollout.finished` (or failed), then `trajectory.imported` (the histories as
@@ -31,6 +34,7 @@ from artstore.errors import ExchangeFormatError, NotFoundError
 from artstore.exchange.atif_io import export_atif, read_atif
 from artstore.exchange.importer import ImportPlan, ImportSummary, check_plan, write_plan
 from artstore.exchange.jsonl import export_jsonl, read_jsonl
+from artstore.exchange.otlp import export_otlp, read_otlp
 from artstore.exchange.parquet import export_parquet, read_parquet
 from artstore.exchange.source import ExportSummary
 
@@ -42,6 +46,7 @@ __all__ = [
     "ImportSummary",
     "export_atif",
     "export_jsonl",
+    "export_otlp",
     "export_parquet",
     "import_path",
     "read_plan",
@@ -68,6 +73,11 @@ def read_plan(
     # A plan holds every trajectory of the file until it is written: with the collector
     # on, reading a 10,000-rollout JSONL spent 40% of its time traversing them again and
     # again (artstore.collector).
+    if format == "otlp":
+        if not path.is_file():
+            raise ExchangeFormatError(f"{path}: an OTLP import reads a .jsonl or .json file")
+        with collector_paused():
+            return check_plan(read_otlp(path, run=run, scorer=scorer))
     if format == "atif":
         if not path.is_file():
             raise ExchangeFormatError(f"{path}: an ATIF import reads a .jsonl or .json file")
@@ -95,7 +105,8 @@ async def import_path(
 ) -> ImportSummary:
     """Import `path` into `store` (see the module's docstring).
 
-    `format="atif"` reads an ATIF file (else the file's suffix tells which format).
+    `format="atif"` or `"otlp"` reads an ATIF or OTLP JSON file (else the file's suffix
+    tells which format).
     `run` names the run (default: the JSONL's own run, or `<project>/<name>` of ART's
     layout, else the file's name); `scorer` names the parquet's rewards.
     """
