@@ -8,8 +8,7 @@ from typing import Annotated
 import typer
 
 from artstore.cli.shared import UrlOption, console, err_console, run, say_error
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+from artstore.listening import is_loopback
 
 
 def ui(
@@ -53,7 +52,7 @@ def ui(
     where = run(check)
     from artstore.viewer import serve  # the web stack: only for this command
 
-    beyond_loopback = host not in LOOPBACK and not host.startswith("127.")
+    beyond_loopback = not is_loopback(host)
     # Beyond this machine, the address is the login: every request must carry its token.
     token = secrets.token_urlsafe(24) if beyond_loopback else None
 
