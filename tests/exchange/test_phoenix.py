@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 from budget import LONG
+
+if not LONG:  # before importing ART (seconds) for nothing
+    pytest.skip("a real Phoenix runs under ARTSTORE_LONG=1 only", allow_module_level=True)
+
 from test_export_import import RUN, _record, cli
 
 from artstore.exchange.otlp import trace_id_of
-
-if not LONG:
-    pytest.skip("a real Phoenix runs under ARTSTORE_LONG=1 only", allow_module_level=True)
 
 READ_BACK = """
 import json, sys
