@@ -12,9 +12,11 @@ import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from artstore.cli import (
+    dataset,
     db,
     demo,
     exchange,
+    feedback,
     group,
     replay,
     rescore,
@@ -134,10 +136,12 @@ app.command("group")(group.group)
 app.command("trajectory")(trajectory.trajectory)
 app.command("ui")(ui.ui)
 app.command("sql", cls=QueryCommand)(sql.sql)
+app.command("feedback")(feedback.feedback)
 app.command("export")(exchange.export)
 app.command("import")(exchange.import_)
 app.command("worker")(worker.worker)
 app.command("demo")(demo.demo)
+app.add_typer(dataset.app, name="dataset")
 app.add_typer(db.app, name="db")
 
 
@@ -152,6 +156,7 @@ def _help_in_paragraphs(typer_app: typer.Typer) -> None:
 
 
 _help_in_paragraphs(app)
+_help_in_paragraphs(dataset.app)
 _help_in_paragraphs(db.app)
 
 
@@ -163,6 +168,7 @@ def _text_arguments(typer_app: typer.Typer) -> None:
 
 
 _text_arguments(app)
+_text_arguments(dataset.app)
 _text_arguments(db.app)
 
 
