@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 
 from artstore.analysis.sql import stream_query
 from artstore.arguments import check_name, check_whole_number
-from artstore.errors import InvalidArgumentError, NotFoundError
+from artstore.errors import InvalidArgumentError, NotFoundError, WrongExpectedVersionError
 from artstore.events import DatasetCreated
 from artstore.eventstore.records import recorded_from_row
 from artstore.schema import tables as t
@@ -233,19 +233,23 @@ async def create_dataset(store: Store, name: str, selection: Selection) -> Datas
         raise NotFoundError(f"the selection chooses no rollout: dataset {name!r} not created")
     digest = await content_digest(store, chosen, scorer)
     stream = f"{STREAM_PREFIX}{name}"
-    version = await store.stream_version(stream)
-    event = DatasetCreated(
-        name=name,
-        version=version + 1,
-        rollout_ids=list(chosen),
-        digest=digest,
-        run=selection.run,
-        scorer=scorer,
-        rewards={rid: reward for rid, reward in chosen.items() if reward is not None},
-        selection=selection.as_json(),
-    )
-    await store.append(stream, [event], expected_version=version)
-    return await load_dataset(store, name, version + 1)
+    while True:
+        version = await store.stream_version(stream)
+        event = DatasetCreated(
+            name=name,
+            version=version + 1,
+            rollout_ids=list(chosen),
+            digest=digest,
+            run=selection.run,
+            scorer=scorer,
+            rewards={rid: reward for rid, reward in chosen.items() if reward is not None},
+            selection=selection.as_json(),
+        )
+        try:
+            await store.append(stream, [event], expected_version=version)
+        except WrongExpectedVersionError:  # another creator took this version: the next one
+            continue
+        return await load_dataset(store, name, version + 1)
 
 
 def _dataset(row: Any) -> Dataset:
