@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from artstore.datasets.selection import CHUNK, Dataset
-from artstore.errors import ExportTargetError, InvalidArgumentError
+from artstore.errors import ExportTargetError, InvalidArgumentError, NotFoundError
 from artstore.exchange.files import existing_file, written_in_place
 from artstore.schema import tables as t
 
@@ -468,17 +468,14 @@ async def _export_hf(
             writer.write(rows)
     finally:
         writer.close()
-    if not writer.files:  # an empty dataset still loads: one shard with no rows
-        writer.files.append(folder / "data" / "train-00000.parquet")
-        _empty_shard(writer.files[-1], _schemas()[fmt])
+    if not summary.rows:  # (a shard without rows is one `datasets` cannot load)
+        why = {
+            "hf-dpo": f"no group has two rollouts a reward margin of {min_margin} apart",
+            "hf-kto": "no rollout's reward differs from its group's mean",
+        }.get(fmt, "no rollout")
+        raise NotFoundError(f"{summary.dataset} gives no {fmt} row ({why}); nothing was written")
     summary.files = [str(f) for f in writer.files] + [str(folder / "README.md")]
     (folder / "README.md").write_text(dataset_card(dataset, fmt, summary), encoding="utf-8")
-
-
-def _empty_shard(path: Path, schema: Any) -> None:
-    import pyarrow.parquet as pq
-
-    pq.write_table(schema.empty_table(), path)
 
 
 async def _export_art(
