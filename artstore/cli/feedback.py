@@ -65,6 +65,7 @@ def feedback(
         console.print(
             f"recorded feedback by {recorded['scorer']} on {what}rollout {recorded['rollout_id']}",
             highlight=False,
+            soft_wrap=True,
         )
     else:
         write_json(recorded)

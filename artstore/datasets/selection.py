@@ -352,7 +352,7 @@ def _why(
     was, now = before.get(rid), after.get(rid)
     if was != now:
         return (
-            f"reward moved from {was} to {now} (rescored)"
+            f"reward moved from {was} to {now} (scored again)"
             if was is not None
             else (f"rewarded {now} since")
         )

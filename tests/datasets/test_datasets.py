@@ -60,7 +60,7 @@ async def test_a_version_never_changes_and_its_digest_tells_a_rescore(store):
         {
             "change": "entered",
             "rollout_id": "r0b",
-            "why": "reward moved from 0.25 to 0.75 (rescored)",
+            "why": "reward moved from 0.25 to 0.75 (scored again)",
         }
     ]
     narrower = await create_dataset(store, "best", Selection(run=RUN, min_reward=0.8))
@@ -144,3 +144,23 @@ def test_the_commands_create_list_show_and_diff(database_url):
         done = run_artstore("dataset", *bad, *url)
         assert done.exit_code == 1 and says in done.stderr, (bad, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["dataset", "list"],
+        ["dataset", "show", "d"],
+        ["dataset", "diff", "d@1", "d@2"],
+        ["dataset", "export", "d", "--format", "openai", "--out", "x.jsonl"],
+        ["dataset", "create", "d", "--run", RUN],
+        ["feedback", "r0a", "--score", "1"],
+    ],
+    ids=lambda c: "-".join(c[:2]),
+)
+def test_a_missing_store_is_one_line_and_nothing_is_created(tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "no" / "artstore.db"
+    done = run_artstore(*command, "--url", path)
+    assert done.exit_code == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert list(tmp_path.iterdir()) == []
