@@ -14,7 +14,8 @@ Streams:
 - `group-<group id>`: rewards per scorer, group sealed;
 - `train-<run>`: train step started / completed / failed / reconciled, checkpoint pushed;
 - `feedback-<rollout id>`: a person's judgements of the rollout (`feedback`), one each;
-- `dataset-<name>`: the versions of a dataset (`dataset.created`), version N is event N.
+- `dataset-<name>`: the versions of a dataset (`dataset.created`), version N is event N;
+- `datasets`: one `dataset.named` per version made, so that the names can be listed.
 """
 
 from __future__ import annotations
@@ -289,6 +290,15 @@ class DatasetCreated(Event):
     scorer: str | None = None
     rewards: dict[str, float] = {}  # rollout id -> reward by `scorer` when chosen
     selection: dict[str, JSONValue] = {}
+
+
+@event_type("dataset.named")
+class DatasetNamed(Event):
+    """The index of datasets (stream `datasets`): a version of `name` was made, in the same
+    transaction as its `dataset.created`."""
+
+    name: str
+    version: int
 
 
 # --- training ---------------------------------------------------------------------------

@@ -15,6 +15,7 @@ column, through the same confined reader).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,8 +25,8 @@ from sqlalchemy import func, select
 from artstore.analysis.sql import stream_query
 from artstore.arguments import check_name, check_whole_number
 from artstore.errors import InvalidArgumentError, NotFoundError, WrongExpectedVersionError
-from artstore.events import DatasetCreated
-from artstore.eventstore.records import recorded_from_row
+from artstore.events import DatasetCreated, DatasetNamed
+from artstore.eventstore.records import ANY, PendingAppend, recorded_from_row
 from artstore.schema import tables as t
 from artstore.training.runs import run_info
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 CHUNK = 500  # ids per IN list
 STREAM_PREFIX = "dataset-"
+INDEX_STREAM = "datasets"
 
 
 @dataclass(frozen=True)
@@ -245,10 +247,20 @@ async def create_dataset(store: Store, name: str, selection: Selection) -> Datas
             rewards={rid: reward for rid, reward in chosen.items() if reward is not None},
             selection=selection.as_json(),
         )
-        try:
-            await store.append(stream, [event], expected_version=version)
-        except WrongExpectedVersionError:  # another creator took this version: the next one
-            continue
+        listed = DatasetNamed(name=name, version=version + 1)
+        appends = [
+            PendingAppend(stream, [event], version),
+            PendingAppend(INDEX_STREAM, [listed], ANY),
+        ]
+        # Together, so that a version is never left out of the index by a crash.
+        outcomes = await asyncio.gather(
+            *store.append_together_nowait(appends), return_exceptions=True
+        )
+        if isinstance(outcomes[0], WrongExpectedVersionError):
+            continue  # another creator took this version: the next one
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
         return await load_dataset(store, name, version + 1)
 
 
@@ -290,19 +302,19 @@ async def load_dataset(store: Store, name: str, version: int | None = None) -> D
 
 async def list_datasets(store: Store) -> list[Dataset]:
     """Every version of every dataset, by name and version."""
+    names = sorted({e.data["name"] for e in await store.read_stream(INDEX_STREAM)})
     ev = t.events
-    # A range of stream ids reads the (stream_id, version) index; the type makes it exact.
-    query = (
-        select(ev)
-        .where(
-            ev.c.stream_id >= STREAM_PREFIX,
-            ev.c.stream_id < STREAM_PREFIX[:-1] + ".",
-            ev.c.type == DatasetCreated.type,
-        )
-        .order_by(ev.c.stream_id, ev.c.version)
-    )
+    found: list[Dataset] = []
     async with store.database.read() as connection:
-        return [_dataset(row) for row in await connection.execute(query)]
+        for start in range(0, len(names), CHUNK):
+            streams = [f"{STREAM_PREFIX}{name}" for name in names[start : start + CHUNK]]
+            rows = await connection.execute(
+                select(ev)
+                .where(ev.c.stream_id.in_(streams), ev.c.type == DatasetCreated.type)
+                .order_by(ev.c.stream_id, ev.c.version)
+            )
+            found.extend(_dataset(row) for row in rows)
+    return sorted(found, key=lambda d: (d.name, d.version))
 
 
 # --- diff -----------------------------------------------------------------------------------
