@@ -122,12 +122,12 @@ def show(
 
     async def work() -> dict[str, Any]:
         from artstore.analysis.opening import open_for_reading
-        from artstore.datasets import load_dataset
+        from artstore.datasets import read_dataset
         from artstore.datasets.selection import parse_reference
 
         name, version = parse_reference(reference)
         async with await open_for_reading(url) as store:
-            found = await load_dataset(store, name, version)
+            found = await read_dataset(store, name, version)
         return found.summary() | {
             "rollout_ids": found.rollout_ids,
             "rewards": {rid: found.rewards.get(rid) for rid in found.rollout_ids},
@@ -159,11 +159,11 @@ def diff(
 
     async def work() -> dict[str, Any]:
         from artstore.analysis.opening import open_for_reading
-        from artstore.datasets import dataset_diff, load_dataset
+        from artstore.datasets import dataset_diff, read_dataset
         from artstore.datasets.selection import parse_reference
 
         async with await open_for_reading(url) as store:
-            versions = [await load_dataset(store, *parse_reference(ref)) for ref in (old, new)]
+            versions = [await read_dataset(store, *parse_reference(ref)) for ref in (old, new)]
             return await dataset_diff(store, *versions)
 
     changes = run(work)
@@ -213,12 +213,12 @@ def export(
 
     async def work() -> Any:
         from artstore.analysis.opening import open_for_reading
-        from artstore.datasets import load_dataset
+        from artstore.datasets import read_dataset
         from artstore.datasets.export import export_dataset
         from artstore.datasets.selection import parse_reference
 
         async with await open_for_reading(url) as store:
-            found = await load_dataset(store, *parse_reference(reference))
+            found = await read_dataset(store, *parse_reference(reference))
             with progress(
                 f"exporting {found.name}@{found.version}", len(found.rollout_ids)
             ) as step:

@@ -12,6 +12,16 @@ from artstore.cli.shared import UrlOption, console, err_console, run, say_error
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+AllowFeedbackOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-feedback",
+        help="Let the trajectory page record feedback (a score, a label, a comment): "
+        "the one thing the viewer then writes, each a POST from its own page.",
+    ),
+]
+
+
 def ui(
     url: UrlOption = None,
     host: Annotated[
@@ -32,14 +42,7 @@ def ui(
             help="Stop a query of the SQL page this many seconds after it starts (0: no limit).",
         ),
     ] = 30.0,
-    allow_feedback: Annotated[
-        bool,
-        typer.Option(
-            "--allow-feedback",
-            help="Let the trajectory page record feedback (a score, a label, a comment): "
-            "the one thing the viewer then writes, each a POST from its own page.",
-        ),
-    ] = False,
+    allow_feedback: AllowFeedbackOption = False,
 ) -> None:
     """Look at runs in a web browser (read-only, on this machine).
 
@@ -85,15 +88,8 @@ def ui(
             )
 
     try:
-        serve(
-            url,
-            host,
-            port,
-            on_ready=ready,
-            sql_timeout=sql_timeout or None,
-            access_token=token,
-            allow_feedback=allow_feedback,
-        )
+        options = {"access_token": token, "allow_feedback": allow_feedback}
+        serve(url, host, port, on_ready=ready, sql_timeout=sql_timeout or None, **options)
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has stopped serving; that is the way out
         err_console.print("artstore ui: stopped", highlight=False)
     except OSError as exc:

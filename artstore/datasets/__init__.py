@@ -11,7 +11,7 @@ from artstore.datasets.selection import (
     create_dataset,
     dataset_diff,
     list_datasets,
-    load_dataset,
+    read_dataset,
 )
 
 __all__ = [
@@ -20,5 +20,5 @@ __all__ = [
     "create_dataset",
     "dataset_diff",
     "list_datasets",
-    "load_dataset",
+    "read_dataset",
 ]

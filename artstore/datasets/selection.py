@@ -226,6 +226,8 @@ async def create_dataset(store: Store, name: str, selection: Selection) -> Datas
         raise InvalidArgumentError("name", f"{name!r}: a dataset's name cannot hold @")
     check_name("run", selection.run, optional=True)
     check_name("scorer", selection.scorer, optional=True)
+    if selection.sql is not None and not isinstance(selection.sql, str):
+        raise InvalidArgumentError("sql", f"must be a query (a str), not {type(selection.sql)}")
     if selection.top_k is not None:
         check_whole_number("top_k", selection.top_k)
         if selection.top_k < 1:
@@ -261,7 +263,7 @@ async def create_dataset(store: Store, name: str, selection: Selection) -> Datas
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
-        return await load_dataset(store, name, version + 1)
+        return await read_dataset(store, name, version + 1)
 
 
 def _dataset(row: Any) -> Dataset:
@@ -282,7 +284,7 @@ def _dataset(row: Any) -> Dataset:
     )
 
 
-async def load_dataset(store: Store, name: str, version: int | None = None) -> Dataset:
+async def read_dataset(store: Store, name: str, version: int | None = None) -> Dataset:
     """Version `version` of the dataset `name` (its newest when None)."""
     check_name("name", name)
     stream = f"{STREAM_PREFIX}{name}"

@@ -15,7 +15,7 @@ from command_line import run_artstore
 from recorded_run import RUN, record_run
 
 import artstore
-from artstore.datasets import Selection, create_dataset, dataset_diff, list_datasets, load_dataset
+from artstore.datasets import Selection, create_dataset, dataset_diff, list_datasets, read_dataset
 from artstore.errors import InvalidArgumentError, NotFoundError, QueryRefusedError
 from artstore.events import RewardsRecorded
 
@@ -50,7 +50,7 @@ async def test_a_version_never_changes_and_its_digest_tells_a_rescore(store):
     )
     second = await create_dataset(store, "best", Selection(run=RUN, min_reward=0.5))
     third = await create_dataset(store, "best", Selection(run=RUN, min_reward=0.5))
-    again = await load_dataset(store, "best", 1)
+    again = await read_dataset(store, "best", 1)
     assert again == first and "r0b" not in again.rollout_ids
     assert (second.version, third.version) == (2, 3)
     assert second.digest == third.digest != first.digest  # the same rollouts, the same digest
