@@ -123,12 +123,14 @@ def show(
     async def work() -> dict[str, Any]:
         from artstore.analysis.opening import open_for_reading
         from artstore.datasets import read_dataset
-        from artstore.datasets.selection import parse_reference
+        from artstore.datasets.selection import holds_the_same, parse_reference
 
         name, version = parse_reference(reference)
         async with await open_for_reading(url) as store:
             found = await read_dataset(store, name, version)
+            same = await holds_the_same(store, found)
         return found.summary() | {
+            "unchanged": same,
             "rollout_ids": found.rollout_ids,
             "rewards": {rid: found.rewards.get(rid) for rid in found.rollout_ids},
         }
@@ -140,6 +142,15 @@ def show(
     for key in ("name", "version", "run", "scorer", "rollouts", "digest", "created_at"):
         console.print(f"{key}: {shown[key]}", highlight=False)
     console.print(f"selection: {shown['selection']}", highlight=False)
+    console.print(
+        "unchanged: "
+        + (
+            "yes, its rollouts hold what they held"
+            if shown["unchanged"]
+            else "no, an event or a reward by its scorer was recorded since"
+        ),
+        highlight=False,
+    )
     print_rows(
         [{"rollout_id": rid, "reward": r} for rid, r in shown["rewards"].items()],
         output,

@@ -216,6 +216,24 @@ async def content_digest(store: Store, rewards: dict[str, float | None], scorer:
     return digest.hexdigest()
 
 
+async def holds_the_same(store: Store, dataset: Dataset) -> bool:
+    """Whether the dataset's rollouts hold now what they held when it was made (no event
+    appended to them, no reward by its scorer recorded since): its digest, made again."""
+    ids, latest = dataset.rollout_ids, t.latest_rewards
+    now: dict[str, float | None] = dict.fromkeys(ids)
+    if dataset.scorer is not None:
+        async with store.database.read() as connection:
+            for start in range(0, len(ids), CHUNK):
+                rows = await connection.execute(
+                    select(latest.c.rollout_id, latest.c.reward).where(
+                        latest.c.rollout_id.in_(ids[start : start + CHUNK]),
+                        latest.c.scorer == dataset.scorer,
+                    )
+                )
+                now.update({row.rollout_id: row.reward for row in rows})
+    return await content_digest(store, now, dataset.scorer) == dataset.digest
+
+
 # --- creating and reading -----------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from recorded_run import RUN, record_run
 
 import artstore
 from artstore.datasets import Selection, create_dataset, dataset_diff, list_datasets, read_dataset
+from artstore.datasets.selection import holds_the_same
 from artstore.errors import InvalidArgumentError, NotFoundError, QueryRefusedError
 from artstore.events import RewardsRecorded
 
@@ -54,6 +55,13 @@ async def test_a_version_never_changes_and_its_digest_tells_a_rescore(store):
     assert again == first and "r0b" not in again.rollout_ids
     assert (second.version, third.version) == (2, 3)
     assert second.digest == third.digest != first.digest  # the same rollouts, the same digest
+    assert await holds_the_same(store, first)  # r0b is none of its rollouts
+    await store.append(
+        "group-g0",
+        [RewardsRecorded(group_id="g0", scorer="correct", rewards={"r0a": 0.9}, rescored=True)],
+    )
+    assert not await holds_the_same(store, first) and not await holds_the_same(store, third)
+    assert await holds_the_same(store, await create_dataset(store, "best", Selection(run=RUN)))
     changes = await dataset_diff(store, first, second)
     assert (changes["entered"], changes["left"], changes["kept"]) == (1, 0, 4)
     assert changes["rollouts"] == [
@@ -129,8 +137,8 @@ def test_the_commands_create_list_show_and_diff(database_url):
         ("sft", 1, 3),
         ("sft", 2, 2),
     ]
-    shown = run_artstore("dataset", "show", "sft@1", "--format", "json", *url)
-    assert json.loads(shown.stdout)["rewards"] == {"r0a": 1.0, "r1a": 0.5, "r2a": 1.0}
+    shown = json.loads(run_artstore("dataset", "show", "sft@1", "--format", "json", *url).stdout)
+    assert shown["rewards"] == {"r0a": 1.0, "r1a": 0.5, "r2a": 1.0} and shown["unchanged"]
     assert "r2a" in run_artstore("dataset", "show", "sft@1", *url).stdout
     changed = run_artstore("dataset", "diff", "sft@1", "sft@2", *url)
     assert changed.exit_code == 0, changed.stderr
