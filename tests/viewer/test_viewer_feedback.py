@@ -17,6 +17,7 @@ import httpx
 import pytest
 from browser import chromium
 from recorded_run import record_run
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.support.ui import WebDriverWait
 
 import artstore
@@ -69,10 +70,17 @@ def test_the_panel_records_a_score_as_a_reward_by_human_name(browser, recorded_u
         browser.find_element("id", "feedback-comment").send_keys("multiplied instead")
         browser.find_element("id", "feedback-name").send_keys("alice")
         browser.find_element("css selector", "#feedback-form button").click()
-        WebDriverWait(browser, 60, poll_frequency=0.05).until(
-            lambda d: "human:alice" in d.find_element("id", "rewards-table").text
+        # The POST answers with a redirect to the page again: wait for that new page (an
+        # element of the old one goes stale while the browser navigates).
+        WebDriverWait(
+            browser, 60, poll_frequency=0.05, ignored_exceptions=(WebDriverException,)
+        ).until(
+            lambda d: d.execute_script(
+                "const t = document.getElementById('rewards-table');"
+                "return location.hash === '#feedback' && document.readyState === 'complete'"
+                " && !!t && t.textContent.includes('human:alice')"
+            )
         )
-        assert browser.execute_script("return location.hash") == "#feedback"
     assert human_rewards(recorded_url) == [("r0b", "human:alice", 0.75)]
 
 
