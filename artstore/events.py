@@ -13,6 +13,8 @@ Streams:
   trajectory a loop built itself is `trajectory.recorded`, just before `rollout.finished`);
 - `group-<group id>`: rewards per scorer, group sealed;
 - `train-<run>`: train step started / completed / failed / reconciled, checkpoint pushed;
+- `langgraph-<thread id>`: a LangGraph thread's checkpoints and pending writes
+  (`artstore.langgraph.checkpointer`), and `langgraph.thread_deleted`;
 - `feedback-<rollout id>`: a person's judgements of the rollout (`feedback`), one each;
 - `dataset-<name>`: the versions of a dataset (`dataset.created`), version N is event N;
 - `datasets`: one `dataset.named` per version made, so that the names can be listed.
@@ -420,6 +422,66 @@ class TrajectoryRecorded(Event):
     initial_policy_version: int | None = None
     final_policy_version: int | None = None
     start_time: str | None = None  # `Trajectory.start_time`, ISO 8601 as it was
+
+
+# --- LangGraph checkpoints (artstore.langgraph.checkpointer) -------------------------------
+#
+# A value LangGraph's serializer wrote (`serde.dumps_typed`: a type and bytes, never
+# pickle) is kept as `[type, base64]` (`[type, base64, "zlib"]` when compressed) in the
+# payload when small, or as `{"blob": hash}` naming a blob whose text is that list when
+# large; a list longer than `CHUNK_ITEMS` as `{"chunks": [...]}`, each chunk of items a
+# blob's hash or a small chunk's `[type, base64]`. `None`: the channel was emptied.
+
+
+@event_type("langgraph.checkpoint")
+class LangGraphCheckpoint(Event):
+    """A checkpoint `put` stored: the state of a thread's graph after a super-step.
+
+    `checkpoint` is the checkpoint without its channel values (`{"json": ...}` where JSON
+    holds it exactly, else `{"typed": [type, base64]}`), `metadata` likewise; `values`
+    holds the channels of `versions` (LangGraph's `new_versions`) only: a channel whose
+    version did not change is read from the checkpoint that wrote that version.
+    """
+
+    thread_id: str
+    checkpoint_ns: str = ""
+    checkpoint_id: str
+    parent_checkpoint_id: str | None = None
+    checkpoint: dict[str, JSONValue]
+    metadata: dict[str, JSONValue]
+    versions: dict[str, JSONValue] = {}  # channel -> its new version
+    values: dict[str, JSONValue] = {}  # channel -> its value at that version (None: empty)
+    rollout_id: str | None = None  # the rollout that was current, if any
+
+
+@event_type("langgraph.writes")
+class LangGraphWrites(Event):
+    """Pending writes of one task against a checkpoint (`put_writes`).
+
+    `writes` is `[[index, channel, value], ...]`, each index as LangGraph's `WRITES_IDX_MAP`
+    gives it (negative for errors, interrupts, ...). A regular write already stored for
+    (task, index) is kept; a special one (negative index) is replaced by the newer.
+    """
+
+    thread_id: str
+    checkpoint_ns: str = ""
+    checkpoint_id: str
+    task_id: str
+    task_path: str = ""
+    writes: list[list[JSONValue]]
+    rollout_id: str | None = None
+
+
+@event_type("langgraph.thread_deleted")
+class LangGraphThreadDeleted(Event):
+    """`delete_thread`: the thread's earlier checkpoints and writes are hidden from reads.
+
+    The log is immutable, so they stay in it; the checkpointer's tables drop them, and a
+    rebuild of the projections drops them again. Later checkpoints of the same thread id
+    start a new history.
+    """
+
+    thread_id: str
 
 
 def encode_event(event: Event) -> tuple[str, dict[str, Any]]:

@@ -181,31 +181,48 @@ class Redactor:
     """Replaces every credential this process knows with `[REDACTED]`.
 
     `Redactor(secrets, urls=...)` and `add(...)` learn more credentials (for the whole
-    process, see `learn`); the environment's are learned when a Redactor is made.
+    process, see `learn`); the environment's are learned when a Redactor is made. `own`
+    secrets are this Redactor's alone (the token of one served rollout, of which a
+    server makes thousands: the process need not search every text for each).
     """
 
-    def __init__(self, secrets: Iterable[str | None] = (), *, urls: Iterable[str | None] = ()):
+    def __init__(
+        self,
+        secrets: Iterable[str | None] = (),
+        *,
+        urls: Iterable[str | None] = (),
+        own: Iterable[str | None] = (),
+    ):
         learn_environment()
         learn(secrets, urls=urls)
+        self.own = tuple(secret for secret in own if is_secret(secret))
 
     def add(self, secrets: Iterable[str | None] = (), *, urls: Iterable[str | None] = ()) -> None:
         """Know more secrets from now on (a model's key, when a run or rollout starts)."""
         learn(secrets, urls=urls)
 
     def __bool__(self) -> bool:
-        return bool(_known.secrets)
+        return bool(_known.secrets or self.own)
 
     def __call__(self, text: str) -> str:
-        for secret in _in_text(text):
+        for secret in self._found(text):
             text = text.replace(secret, REDACTED)
         return text
+
+    def _found(self, text: str) -> list[str]:
+        """The credentials `text` holds, the process's and this Redactor's, longest first."""
+        found = _in_text(text)
+        mine = [secret for secret in self.own if secret in text]
+        if mine:
+            found = sorted({*found, *mine}, key=len, reverse=True)
+        return found
 
     # --- text in pieces ----------------------------------------------------------------
 
     def _spans(self, joined: bytes) -> list[tuple[int, int]]:
         """The byte ranges of `joined` that hold a secret, merged where they overlap."""
         found = []
-        for secret in _in_text(joined.decode(errors="replace")):
+        for secret in self._found(joined.decode(errors="replace")):
             needle = secret.encode()
             start = joined.find(needle)
             while start >= 0:
@@ -222,7 +239,7 @@ class Redactor:
     def _rewrite(self, pieces: Sequence[bytes]) -> dict[int, bytes]:
         """{index: new bytes} of the pieces that hold part of a secret (none: {})."""
         joined = b"".join(pieces)
-        spans = self._spans(joined) if _known.secrets else []
+        spans = self._spans(joined) if self else []
         if not spans:
             return {}
         rewritten: dict[int, bytes] = {}
@@ -281,7 +298,7 @@ class Redactor:
 
     def _may_spell_secret(self, entries: Sequence[dict[str, Any]]) -> bool:
         """A quick look at the tokens' joined text (most answers spell no secret)."""
-        if not _known.secrets:
+        if not self:
             return False
         try:
             joined = "".join([entry["token"] for entry in entries])
@@ -289,7 +306,7 @@ class Redactor:
             return True  # unusual entries: look at them closely
         if "token_id:" in joined:
             return True  # vLLM's `token_id:N` tokens: their text is in their bytes only
-        return bool(_in_text(joined))
+        return bool(self._found(joined))
 
 
 def _token_bytes(entry: Any) -> bytes:

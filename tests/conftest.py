@@ -21,10 +21,13 @@ import sqlite3
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.engine import make_url
+from xdist.scheduler import LoadScopeScheduling
 
 # The helpers shared by tests (tests/support) import as top-level modules:
 # `from recorded_run import record_run` (forkserver processes inherit this sys.path).
@@ -73,10 +76,42 @@ def _drop_postgres_database(conninfo: str, url: str) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long tests (marked `slow`: crash storms, the README's blocks) first, the rest in
-    their order: the workers, handed one test at a time (`--maxschedchunk=1` in
-    pyproject.toml), share them out first and fill in with the short ones, so that no
-    worker is left running a two-minute test after the others are done."""
+    their order: the workers, handed a unit of work at a time (SharedFixtureUnits), share
+    them out first and fill in with the short ones, so that no worker is left running a
+    two-minute test after the others are done."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist hands out work a unit at a time, in the order above (see SharedFixtureUnits)."""
+    return SharedFixtureUnits(config, log)
+
+
+class SharedFixtureUnits(LoadScopeScheduling):
+    """Units of work for xdist: one test, or all the tests of a module that defines a
+    module-scoped fixture (a recorded store and a browser, a process server that imported
+    ART), one unit per database. Handed out test by test, each of the four workers built
+    such a fixture again: a viewer's store took 25-30 s to fill on a loaded machine, up to
+    eight times per run. (xdist's own `loadgroup` marks cannot do this under pytest 9.2:
+    xdist renames node ids through an attribute pytest no longer reads.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        path = nodeid.split("::", 1)[0]
+        if path not in modules_with_shared_fixtures(str(self.config.rootpath)):
+            return nodeid
+        params = nodeid.rpartition("[")[2].rstrip("]").split("-")
+        databases = [p for p in ("sqlite", "postgresql") if p in params]
+        return f"{path}[{','.join(databases)}]"
+
+
+@cache
+def modules_with_shared_fixtures(root: str) -> frozenset[str]:
+    """The test modules (paths from the root) that define a module-scoped fixture."""
+    return frozenset(
+        path.relative_to(root).as_posix()
+        for path in Path(root, "tests").rglob("test_*.py")
+        if 'scope="module"' in path.read_text()
+    )
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -300,6 +300,7 @@ class _Capture:
         self.status: int | None = None
         self.body = bytearray()
         self.done = False
+        self.stored: asyncio.Future | None = None  # the record's append, once queued
         self._lock = threading.Lock()
 
     def received(self, response: httpx.Response, *, streaming: bool) -> None:
@@ -356,7 +357,7 @@ class _Capture:
         if not self.recording and not self._kept(self._failure(body, error) is not None):
             return
         try:
-            self.rollout.submit_call(
+            self.stored = self.rollout.submit_call(
                 lambda: self._event(body, error, finished_at, latency_s), self.origin
             )
         except NoRolloutError:
@@ -496,3 +497,20 @@ class _Capture:
             "finished_at": exchange.end_time,
             "latency_s": (exchange.end_time - exchange.start_time).total_seconds(),
         }
+
+
+class ProxiedCall(_Capture):
+    """A call relayed by a proxy for a rollout (`artstore serve`), recorded as this module
+    records a call made in-process: the same event, redaction and rules of completion.
+
+    The proxy gives it the response's status (`status`), each chunk of the body as it
+    relays it (`add`: a stream's record is queued as soon as its final event arrives),
+    and `finish(error)` when the exchange ends; `stored` is then the record's append.
+    """
+
+    def __init__(self, target: CallTarget, endpoint: str, request: dict[str, Any]) -> None:
+        super().__init__(target, endpoint, request)
+        self.origin = None
+        self.art_target = None  # no ART capture runs in the proxy's process for this call
+        self.art_client = None
+        self.recording, self.attempts = True, None

@@ -144,6 +144,7 @@ class Rollout(CallTarget):
         self._stored_version = 0  # its version after the appends settled so far
         self._calls = 0
         self._pending: list[asyncio.Future[AppendResult]] = []
+        self._clock = time.monotonic()  # reset when `rollout.started` is queued
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._handoffs = 0  # calls recorded from other threads, not yet queued
@@ -219,11 +220,12 @@ class Rollout(CallTarget):
         self,
         make: Callable[[], tuple[LLMCall, dict[str, str], list[str]]],
         origin: asyncio.Task | None = None,
-    ) -> None:
+    ) -> asyncio.Future[AppendResult] | None:
         """Build an `llm.call` event with `make` (in the caller's thread), number it, queue it.
 
         `make` returns (event, blobs, the keys a later record of the same call finds it
-        by: those of a call recorded from HTTP, none for any other).
+        by: those of a call recorded from HTTP, none for any other). Returns the append's
+        future when called on the store's loop (None from another thread).
         """
         on_loop = threading.get_ident() == self._loop_thread
         if self.closed:
@@ -242,9 +244,10 @@ class Rollout(CallTarget):
                 self._handoff_done()
             raise
         if on_loop:
-            self._queue_llm_call(event, blobs)
-        else:  # a sync call in a worker thread: hand over to the store's loop
-            self._loop.call_soon_threadsafe(self._queue_llm_call, event, blobs, True)
+            return self._queue_llm_call(event, blobs)
+        # a sync call in a worker thread: hand over to the store's loop
+        self._loop.call_soon_threadsafe(self._queue_llm_call, event, blobs, True)
+        return None
 
     def _number(self, event: LLMCall, keys: list[str]) -> LLMCall:
         """The call's index: the next one, or that of the call it supersedes."""
@@ -347,14 +350,17 @@ class Rollout(CallTarget):
             self._taken.add(last.call_id)
         return last
 
-    def _queue_llm_call(self, event: LLMCall, blobs: dict[str, str], handoff: bool = False):
+    def _queue_llm_call(
+        self, event: LLMCall, blobs: dict[str, str], handoff: bool = False
+    ) -> asyncio.Future[AppendResult] | None:
         """On the store's loop: queue the call's append, in arrival order."""
         try:
             if self._ended:
-                return  # never: the block's exit waits for calls on their way
+                return None  # never: the block's exit waits for calls on their way
             new_blobs = {h: body for h, body in blobs.items() if h not in self._sent_blobs}
-            self._append(event, new_blobs)
+            future = self._append(event, new_blobs)
             self._sent_blobs.update(new_blobs)
+            return future
         except Exception as exc:
             if not handoff:
                 raise
@@ -475,6 +481,42 @@ class Rollout(CallTarget):
             self._append(self._failure(exc, duration_s, compact=True), check=check)
             await self._settle()
 
+    def begin(self, started: RolloutStarted, check: RolloutCheck | None = None) -> None:
+        """Queue `rollout.started` (`check` fences every end of this rollout too)."""
+        self._chained = check is not None
+        self._append(started, check=check)
+        self._clock = time.monotonic()
+
+    async def finish(self, check: RolloutCheck | None = None) -> None:
+        """Record `rollout.finished` once every call on its way is stored (calls closed)."""
+        finished = RolloutFinished(
+            rollout_id=self.id,
+            result=self._json(self.result, "agent's result"),
+            duration_s=time.monotonic() - self._clock,
+            metrics=self._json(self.metrics, "metrics"),
+            metadata=self._json(self.metadata, "metadata"),
+            logs=[self.redact(line) for line in self.logs],
+        )
+        await self._settle()
+        self._ended = True
+        # Checked above: the end of the stream is never missing (unless `check` refuses).
+        self._append(finished, check=check)
+        await self._settle()
+
+    async def fail(self, exc: BaseException, check: RolloutCheck | None = None) -> None:
+        """Record `rollout.failed` for `exc` (which the caller raises); nothing when not even
+        `rollout.started` was stored (there is no rollout to fail then)."""
+        with contextlib.suppress(Exception):
+            await self._settle()
+        self._ended = True
+        if self._stored_version == 0:
+            return
+        await self._record_failure(exc, time.monotonic() - self._clock, check)
+
+    async def settle(self) -> None:
+        """Wait until every append queued so far is committed (raises a refused one)."""
+        await self._settle()
+
     def _started(
         self,
         scenario: Any,
@@ -502,6 +544,46 @@ class Rollout(CallTarget):
         )
 
 
+def open_rollout(
+    store: EventStore,
+    model: Any,
+    *,
+    scenario: Any = None,
+    run: str | None = None,
+    group_id: str | None = None,
+    scenario_index: int | None = None,
+    role: Literal["policy", "validation"] = "policy",
+    policy_step: int | None = None,
+    rollout_id: str | None = None,
+    check: RolloutCheck | None = None,
+) -> Rollout:
+    """A rollout whose `rollout.started` is queued: end it with `finish()` or `fail()`.
+
+    What `rollout()` does around its block, for a caller whose rollout outlives one
+    block (`artstore serve` records the calls of an agent elsewhere through it).
+    """
+    recorder = Rollout(
+        store,
+        rollout_id=rollout_id or new_id(),
+        model_name=getattr(model, "name", None) or str(model),
+        inference_base_url=getattr(model, "inference_base_url", None),
+        inference_api_key=getattr(model, "inference_api_key", None),
+        inference_model_name=getattr(model, "inference_model_name", None),
+    )
+    # The store checks every event it writes for the model's key too, whatever made it.
+    store.redact.add([recorder.inference_api_key], urls=[recorder.inference_base_url])
+    started = recorder._started(
+        scenario,
+        run=run,
+        group_id=group_id,
+        scenario_index=scenario_index,
+        role=role,
+        policy_step=policy_step,
+    )
+    recorder.begin(started, check)
+    return recorder
+
+
 @asynccontextmanager
 async def rollout(
     store: EventStore,
@@ -517,28 +599,19 @@ async def rollout(
     check: RolloutCheck | None = None,
 ) -> AsyncIterator[Rollout]:
     """Record a rollout of `model` (an `art.Model`, or anything with its inference fields)."""
-    recorder = Rollout(
-        store,
-        rollout_id=rollout_id or new_id(),
-        model_name=getattr(model, "name", None) or str(model),
-        inference_base_url=getattr(model, "inference_base_url", None),
-        inference_api_key=getattr(model, "inference_api_key", None),
-        inference_model_name=getattr(model, "inference_model_name", None),
-    )
-    # The store checks every event it writes for the model's key too, whatever made it.
-    store.redact.add([recorder.inference_api_key], urls=[recorder.inference_base_url])
     http.install()  # once: OpenAI-compatible calls of the block are recorded from HTTP
-    started = recorder._started(
-        scenario,
+    recorder = open_rollout(
+        store,
+        model,
+        scenario=scenario,
         run=run,
         group_id=group_id,
         scenario_index=scenario_index,
         role=role,
         policy_step=policy_step,
+        rollout_id=rollout_id,
+        check=check,
     )
-    recorder._chained = check is not None
-    recorder._append(started, check=check)
-    clock = time.monotonic()
     token = CURRENT_ROLLOUT.set(recorder)
     art_token = _install_art_logger(recorder)
     try:
@@ -548,26 +621,9 @@ async def rollout(
             _reset(token, art_token)
             recorder.end_open_calls()
             recorder.closed = True  # no new calls; those on their way are still recorded
-        finished = RolloutFinished(
-            rollout_id=recorder.id,
-            result=recorder._json(recorder.result, "agent's result"),
-            duration_s=time.monotonic() - clock,
-            metrics=recorder._json(recorder.metrics, "metrics"),
-            metadata=recorder._json(recorder.metadata, "metadata"),
-            logs=[recorder.redact(line) for line in recorder.logs],
-        )
-        await recorder._settle()
-        recorder._ended = True
-        # Checked above: the end of the stream is never missing (unless `check` refuses).
-        recorder._append(finished, check=check)
-        await recorder._settle()
+        await recorder.finish(check)
     except BaseException as exc:  # the agent failed, its result is unusable, or a write was
-        with contextlib.suppress(Exception):  # refused: `exc` says why, record it
-            await recorder._settle()
-        recorder._ended = True
-        if recorder._stored_version == 0:  # not even rollout.started was stored
-            raise
-        await recorder._record_failure(exc, time.monotonic() - clock, check)
+        await recorder.fail(exc, check)  # refused: `exc` says why, record it
         raise
 
 

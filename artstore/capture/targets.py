@@ -60,7 +60,7 @@ class CallTarget:
         self,
         make: Callable[[], tuple[LLMCall, dict[str, str], list[str]]],
         origin: asyncio.Task | None = None,
-    ) -> None:
+    ) -> asyncio.Future | None:
         raise NotImplementedError
 
     def capture_failed(self, error: Exception) -> None:

@@ -21,6 +21,7 @@ from artstore.cli import (
     replay,
     rescore,
     runs,
+    serve,
     sql,
     trajectory,
     ui,
@@ -140,6 +141,8 @@ app.command("feedback")(feedback.feedback)
 app.command("export")(exchange.export)
 app.command("import")(exchange.import_)
 app.command("worker")(worker.worker)
+app.command("serve")(serve.serve)
+app.add_typer(serve.token_app, name="token")
 app.command("demo")(demo.demo)
 app.add_typer(dataset.app, name="dataset")
 app.add_typer(db.app, name="db")
@@ -158,6 +161,7 @@ def _help_in_paragraphs(typer_app: typer.Typer) -> None:
 _help_in_paragraphs(app)
 _help_in_paragraphs(dataset.app)
 _help_in_paragraphs(db.app)
+_help_in_paragraphs(serve.token_app)
 
 
 def _text_arguments(typer_app: typer.Typer) -> None:
@@ -170,6 +174,7 @@ def _text_arguments(typer_app: typer.Typer) -> None:
 _text_arguments(app)
 _text_arguments(dataset.app)
 _text_arguments(db.app)
+_text_arguments(serve.token_app)
 
 
 def _flags_without_a_type() -> None:

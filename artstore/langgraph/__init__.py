@@ -9,12 +9,24 @@
 
     trajectory = await wrap_rollout(store, model, rollout)(model, scenario)
 
+`checkpointer(store)` is LangGraph's checkpoint saver on the event log
+(`graph = builder.compile(checkpointer=checkpointer(store))`).
+
 Agents written against `art.langgraph.init_chat_model` are recorded too, unchanged,
 inside any `store.rollout(...)` block.
 """
 
 from artstore.capture.rollout import Rollout, current_rollout
 from artstore.langgraph.chat_model import RecordedChatModel, init_chat_model
+from artstore.langgraph.checkpointer import EventLogSaver, checkpointer
 from artstore.langgraph.rollouts import wrap_rollout
 
-__all__ = ["RecordedChatModel", "Rollout", "current_rollout", "init_chat_model", "wrap_rollout"]
+__all__ = [
+    "EventLogSaver",
+    "RecordedChatModel",
+    "Rollout",
+    "checkpointer",
+    "current_rollout",
+    "init_chat_model",
+    "wrap_rollout",
+]

@@ -39,11 +39,12 @@ from artstore.projections.bulk import (
     next_id,
     storable_json,
 )
+from artstore.projections.checkpoints import CHECKPOINT_HANDLERS
 from artstore.schema import tables as t
 
 Handler = Callable[[Connection, Any, RecordedEvent], None]
 
-HANDLERS: dict[str, Handler] = {}
+HANDLERS: dict[str, Handler] = {**CHECKPOINT_HANDLERS}
 
 
 def handles(event_class: type[Event]):

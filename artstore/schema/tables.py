@@ -7,8 +7,9 @@ Two kinds of table:
   (UPDATE, DELETE, TRUNCATE, and on SQLite the REPLACE that deletes before inserting);
 - projections (read models) built from the events inside the same transaction that
   appends them: runs, rollouts, llm_calls, rewards, latest_rewards, groups, group_consumptions,
-  train_steps, train_step_groups, trajectory_messages. They can be rebuilt from the events
-  at any time;
+  train_steps, train_step_groups, trajectory_messages, and LangGraph's checkpoints
+  (langgraph_checkpoints, langgraph_channel_values, langgraph_writes). They can be
+  rebuilt from the events at any time;
 - coordination of rollout workers on PostgreSQL (worker_runs, rollout_claims,
   group_claims): who may do which piece of a run's work now. Not projections and not
   history: a claim says who holds a lease, the events say what happened.
@@ -364,6 +365,41 @@ trajectory_messages = Table(
     Column("num_logprobs", Integer, nullable=False, default=0),
 )
 
+# LangGraph checkpoints (artstore.langgraph.checkpointer), projected from the
+# `langgraph.*` events of each thread's stream: where each checkpoint, channel value and
+# pending write of a thread is in the log (`position`: the event that holds it), so that a
+# read is a few lookups by key. `langgraph.thread_deleted` removes a thread's rows.
+langgraph_checkpoints = Table(
+    "langgraph_checkpoints",
+    metadata,
+    Column("thread_id", ProjectedLongText, primary_key=True),
+    Column("checkpoint_ns", ProjectedLongText, primary_key=True),
+    Column("checkpoint_id", ProjectedLongText, primary_key=True),
+    Column("parent_checkpoint_id", ProjectedLongText),
+    Column("position", Position, nullable=False),
+)
+
+langgraph_channel_values = Table(
+    "langgraph_channel_values",
+    metadata,
+    Column("thread_id", ProjectedLongText, primary_key=True),
+    Column("checkpoint_ns", ProjectedLongText, primary_key=True),
+    Column("channel", ProjectedLongText, primary_key=True),
+    Column("version", ProjectedLongText, primary_key=True),  # the version as JSON text
+    Column("position", Position, nullable=False),
+)
+
+langgraph_writes = Table(
+    "langgraph_writes",
+    metadata,
+    Column("thread_id", ProjectedLongText, primary_key=True),
+    Column("checkpoint_ns", ProjectedLongText, primary_key=True),
+    Column("checkpoint_id", ProjectedLongText, primary_key=True),
+    Column("task_id", ProjectedLongText, primary_key=True),
+    Column("idx", Integer, primary_key=True),
+    Column("position", Position, nullable=False),
+)
+
 PROJECTION_TABLES = (
     runs,
     rollouts,
@@ -375,6 +411,9 @@ PROJECTION_TABLES = (
     train_step_groups,
     group_consumptions,
     trajectory_messages,
+    langgraph_checkpoints,
+    langgraph_channel_values,
+    langgraph_writes,
 )
 
 # --- coordination of rollout workers (used on PostgreSQL) ----------------------------------
@@ -443,3 +482,27 @@ group_claims = Table(
 )
 
 COORDINATION_TABLES = (worker_runs, rollout_claims, group_claims)
+
+# --- tokens of `artstore serve` ------------------------------------------------------------
+#
+# Who may use the server's API and proxy: a token is shown once, when it is made, and only
+# its SHA-256 is kept (never in an event: tokens are not history). A run token (`scope`
+# read or write) opens the API for one run; a rollout token, made when its rollout starts,
+# names that rollout in the base URL its agent calls, and dies when the rollout ends.
+# A served rollout is leased to the server process serving it (`lease_expires_at`).
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("token_hash", String(64), primary_key=True),  # sha256 hex of the token
+    Column("kind", String(20), nullable=False),  # run | rollout
+    Column("scope", String(20), nullable=False),  # read | write
+    Column("run", NAME, nullable=False),
+    Column("rollout_id", ID),  # the rollout of a rollout token
+    Column("created_at", Timestamp, nullable=False),
+    Column("expires_at", Timestamp),
+    Column("ended_at", Timestamp),  # a rollout token: when its rollout ended
+    # A rollout token: until when the server serving its rollout answers for it (renewed
+    # while it runs); past it, any server records the rollout as abandoned.
+    Column("lease_expires_at", Timestamp),
+    Index(None, "rollout_id"),
+)

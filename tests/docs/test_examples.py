@@ -17,6 +17,7 @@ import time
 from collections import Counter
 
 import pytest
+from budget import LONG
 from running_examples import EXAMPLES, finish, start
 from sqlalchemy import func, select
 from training_helpers import assert_consistent, rows
@@ -35,6 +36,14 @@ async def run_summary(url: str, run: str) -> tuple[str, int, int, int]:
     return found.status, len(steps), len(groups), len(consumed)
 
 
+# Each example runs on the default store (SQLite) in CI, on PostgreSQL too in the long
+# budget (ARTSTORE_LONG=1), and the Ray example (PostgreSQL; Ray's start alone costs a
+# minute of CPU) only there: what the examples call is tested on both databases elsewhere
+# (tests/training, tests/workers).
+EXAMPLE_DATABASES = ["sqlite", "postgresql"] if LONG else ["sqlite"]
+
+
+@pytest.mark.parametrize("database_url", EXAMPLE_DATABASES, indirect=True)
 @pytest.mark.parametrize(
     ("example", "run", "steps"),
     [
@@ -48,6 +57,7 @@ async def test_an_example_runs_and_records_its_run(database_url, tmp_path, examp
     assert await run_summary(database_url, run) == ("finished", steps, 2 * steps, 2 * steps)
 
 
+@pytest.mark.parametrize("database_url", EXAMPLE_DATABASES, indirect=True)
 async def test_the_resumable_loop_killed_while_groups_wait_resumes_them_first(
     database_url, tmp_path
 ):
@@ -96,8 +106,7 @@ async def test_the_resumable_loop_killed_while_groups_wait_resumes_them_first(
     assert {r.group_id for r in finished} <= groups and len(finished) == 3 * len(groups)
 
 
-@pytest.mark.slow
-async def test_the_ray_example_trains_from_workers_started_as_ray_tasks(postgres_url: str):
+async def ray_example_trains_from_workers_started_as_ray_tasks(postgres_url: str):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLES.parent), *sys.path])}
     env["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] = "0"  # Ray must start workers with this interpreter
     finished = subprocess.run(
@@ -120,3 +129,9 @@ async def test_the_ray_example_trains_from_workers_started_as_ray_tasks(postgres
         assert Counter(s.status for s in slots) == {"finished": 24}
         workers = {s.worker.split(":")[1] for s in slots}
         assert str(os.getpid()) not in workers and 1 <= len(workers) <= 2
+
+
+if LONG:  # a test in the long budget only: not collected at all otherwise (never "skipped")
+    test_the_ray_example_trains_from_workers_started_as_ray_tasks = pytest.mark.slow(
+        ray_example_trains_from_workers_started_as_ray_tasks
+    )

@@ -5,7 +5,8 @@ sizes (the writer's group commit takes what was queued together), with float lat
 and rewards whose sums depend on the order they are added in. Every projection table is
 then dumped row by row in primary-key order, each value as the text of its exact value
 (floats through repr, surrogate ids included), and compared with what a rebuild from the
-log writes, and with what projecting the same log in pages of other sizes writes. Both
+log writes, and with what projecting the same log in pages of other sizes writes; two
+LangGraph threads' checkpoints and writes among them (one thread deleted). Both
 databases.
 """
 
@@ -43,7 +44,7 @@ async def project_in_pages(store: Any, page_size: int) -> None:
 
 
 async def test_a_rebuild_writes_the_live_tables_byte_for_byte(store):
-    await record_interleaved(store, seed=24)
+    await record_interleaved(store, seed=24, checkpoints=True)
     live = await dump(store)
     assert live["train_steps"] and all(len(rows) > 0 for rows in live.values())
 
@@ -53,7 +54,7 @@ async def test_a_rebuild_writes_the_live_tables_byte_for_byte(store):
 
 
 async def test_the_same_events_projected_in_batches_of_any_size_give_the_same_tables(store):
-    await record_interleaved(store, seed=10)
+    await record_interleaved(store, seed=10, checkpoints=True)
     live = await dump(store)
 
     for page_size in (1, 3, 17, 5000):

@@ -21,6 +21,9 @@ from langchain_core.messages import AIMessage, HumanMessage
 from artstore.documents import messages as lc
 from artstore.events import (
     GroupSealed,
+    LangGraphCheckpoint,
+    LangGraphThreadDeleted,
+    LangGraphWrites,
     LLMCall,
     RewardsRecorded,
     RolloutFinished,
@@ -136,6 +139,43 @@ def _run(rng: random.Random, groups: int, size: int):
     return streams, members
 
 
+def _thread_appends(thread_id: str, deleted: bool) -> list[tuple[str, list, dict[str, str]]]:
+    """A LangGraph thread's checkpoints and writes (`artstore.langgraph.checkpointer`): a
+    regular write sent twice (the first one stays), an error write replaced, a channel
+    written again at a version it had; `deleted`: deleted, then used again."""
+    stream = f"langgraph-{thread_id}"
+
+    def checkpoint(n: int, versions: dict[str, int]) -> LangGraphCheckpoint:
+        return LangGraphCheckpoint(
+            thread_id=thread_id,
+            checkpoint_id=f"c{n}",
+            parent_checkpoint_id=f"c{n - 1}" if n else None,
+            checkpoint={"json": {"id": f"c{n}", "channel_versions": versions}},
+            metadata={"json": {"step": n}},
+            versions=versions,
+            values={channel: ["msgpack", f"v{n}"] for channel in versions},
+        )
+
+    def writes(n: int, task: str, index: int, value: str) -> LangGraphWrites:
+        return LangGraphWrites(
+            thread_id=thread_id,
+            checkpoint_id=f"c{n}",
+            task_id=task,
+            writes=[[index, "messages", ["msgpack", value]]],
+        )
+
+    appends = [
+        [checkpoint(0, {"messages": 1})],
+        [writes(0, "a", 0, "first"), writes(0, "a", -1, "error")],
+        [writes(0, "a", 0, "second"), writes(0, "a", -1, "error again")],
+        [checkpoint(1, {"messages": 2, "tools": 1})],
+        [checkpoint(1, {"messages": 2})],
+    ]
+    if deleted:
+        appends += [[LangGraphThreadDeleted(thread_id=thread_id)], [checkpoint(0, {"x": 1})]]
+    return [(stream, events, {}) for events in appends]
+
+
 def _interleaved(rng: random.Random, streams: dict, members: dict) -> list:
     """The appends in a random order that keeps each stream's order; a group's seal
     comes after its rollouts ended, a train step after its groups' first rewards."""
@@ -158,11 +198,17 @@ def _interleaved(rng: random.Random, streams: dict, members: dict) -> list:
     return order
 
 
-async def record_interleaved(store: Any, seed: int, *, groups: int = 6, size: int = 4) -> list[str]:
+async def record_interleaved(
+    store: Any, seed: int, *, groups: int = 6, size: int = 4, checkpoints: bool = False
+) -> list[str]:
     """Append the run in a random interleaving, in transactions of random sizes; returns
-    its group ids in the run's order."""
+    its group ids in the run's order. `checkpoints`: two LangGraph threads' checkpoints
+    too, interleaved with the run."""
     rng = random.Random(seed)
     streams, members = _run(rng, groups, size)
+    if checkpoints:
+        for thread_id, deleted in (("kept", False), ("deleted", True)):
+            streams[f"langgraph-{thread_id}"] = _thread_appends(thread_id, deleted)
     await store.append(
         f"run-{RUN}",
         [

@@ -33,6 +33,7 @@ from crash_runs import (
     driver_checkpoints,
     forkserver,
     groups_in_checkpoints,
+    points_in_budget,
     run_driver,
     run_until_finished,
 )
@@ -44,7 +45,7 @@ from artstore.groups import group_id_for
 from artstore.schema import tables as t
 from artstore.training.lease import trainer_lease
 
-PLAN = [
+PLAN = [  # each point in CI on one of the databases, on both under ARTSTORE_LONG=1
     "rollout:4",
     "sealed:2",
     "train-start:1",
@@ -83,14 +84,18 @@ async def test_killed_at_every_point_and_resumed_trains_each_group_once(
 ) -> None:
     workdir = tmp_path / "crash"
     workdir.mkdir()
+    plan = points_in_budget(PLAN, database_url)
     async with await artstore.open_store(database_url) as store:
         seen = await run_until_finished(
-            store, processes, crash_driver.train, database_url, workdir, PLAN, timeout_s=120
+            store, processes, crash_driver.train, database_url, workdir, plan, timeout_s=120
         )
-        await check_run(store, seen, workdir)
+        await check_run(store, seen, workdir, plan)
 
 
-async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) -> None:
+async def check_run(
+    store: artstore.Store, seen: list[Snapshot], workdir: Path, plan: list[str]
+) -> None:
+    points = Counter(point.split(":")[0] for point in plan)
     group_size, validation_samples = crash_driver.GROUP_SIZE, crash_driver.VALIDATION_SAMPLES
     (run,) = await rows(store, t.runs)
     assert run.status == "finished"
@@ -129,7 +134,7 @@ async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) 
     assert all(rollouts[rid].status == "finished" for rid in ever_finished)
     # Rollouts in flight at a crash were recorded as abandoned and rolled out again.
     in_flight = set().union(*(s["running"] for s in seen))
-    assert in_flight, "no crash caught a rollout in flight"
+    assert in_flight or not points["rollout"], "no crash caught a rollout in flight"
     unfinished = {r.rollout_id: r for r in rollouts.values() if r.status != "finished"}
     assert set(unfinished) == in_flight, [
         (r.status, r.error_type, r.error_message, r.group_id)
@@ -142,7 +147,8 @@ async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) 
     half_done = [
         s for s in seen for rid in s["finished"] if rollouts[rid].group_id not in s["sealed"]
     ]
-    assert half_done, "no crash left a finished rollout in an unsealed group"
+    # (the kill at the second seal comes while the next group has finished rollouts)
+    assert half_done or "sealed:2" not in plan, "no crash left a finished rollout unsealed"
 
     # Every group was trained exactly once, batch by batch.
     consumptions = await rows(store, t.group_consumptions)
@@ -153,9 +159,10 @@ async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) 
     for step in completed:
         assert {groups[g].batch for g in step.group_ids} == {step.step - 1}
     assert Counter(g for s in completed for g in s.group_ids) == Counter(set(groups))
-    assert sum(s.reconciled for s in completed) == 2  # train-end, before-completed
+    # A step killed after the backend trained it is reconciled; one killed before, failed.
+    assert sum(s.reconciled for s in completed) == points["train-end"] + points["before-completed"]
     failed_steps = [s for s in steps if s.status == "failed"]
-    assert [s.error_type for s in failed_steps] == ["TrainerStopped"]  # train-start
+    assert [s.error_type for s in failed_steps] == ["TrainerStopped"] * points["train-start"]
     assert not [s for s in steps if s.status == "started"]
 
     # The backend agrees: one checkpoint per step, each group in exactly one of them.
@@ -184,7 +191,7 @@ async def check_run(store: artstore.Store, seen: list[Snapshot], workdir: Path) 
         assert all(consumed_at.get(g, recorded.position) < recorded.position for g in earlier)
 
     types = Counter(e.type for e in await store.read_all(limit=100_000))
-    assert types["run.resumed"] == len(PLAN)
+    assert types["run.resumed"] == len(seen)  # one resume per kill
     assert types["run.finished"] == 1
     await assert_consistent(store)
 
