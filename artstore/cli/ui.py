@@ -10,7 +10,6 @@ import typer
 from artstore.cli.shared import UrlOption, console, err_console, run, say_error
 from artstore.listening import is_loopback
 
-
 AllowFeedbackOption = Annotated[
     bool,
     typer.Option(
