@@ -68,8 +68,8 @@ EndpointOption = Annotated[
     str | None,
     typer.Option(
         "--otlp-endpoint",
-        help="otlp: send the traces to this OTLP/HTTP endpoint "
-        "(e.g. http://localhost:6006/v1/traces) instead of, or as well as, OUT.",
+        help="otlp: send the traces to this OTLP/HTTP endpoint (a URL ending in "
+        "/v1/traces), instead of or as well as writing OUT.",
         show_default=False,
     ),
 ]
