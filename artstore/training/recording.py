@@ -448,7 +448,10 @@ async def record_group_with_calls(
         failed_rollout_ids=failed,
         art_group=details.add(_art_group_details(group), f"{where} metadata, metrics or logs"),
     )
-    appends.append(PendingAppend(group_stream(group_id), [scored, sealed], NO_STREAM, details))
+    # A group may hold rewards before its seal (`artstore serve` records them as each
+    # rollout finishes): the seal follows them, and refuses a group that changed since.
+    head = await store.stream_version(group_stream(group_id))
+    appends.append(PendingAppend(group_stream(group_id), [scored, sealed], head, details))
     await _append_together(store, appends)
     _stamp_group(group, trajectories, rollout_ids, group_id)
     return group_id
