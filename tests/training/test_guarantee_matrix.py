@@ -117,6 +117,10 @@ def ci_cases() -> list[Case]:
         Case("record-group", "openai-stream", "art-retry", ("sealed:1", "append:3"), "sqlite"),
         # item 8: PipelineTrainer's calls
         Case("pipeline-trainer", "openai", "timeout", (), "postgresql"),
+        # artstore serve: a plain OpenAI client through the proxy, killed mid-stream
+        Case("serve", "openai-stream", "http-error", ("stream:2",), "sqlite"),
+        # LangGraph checkpoints in the event log, a child killed after an append
+        Case("langgraph-loop", "langgraph-checkpointed", "agent-raises", ("append:9",), "sqlite"),
     ]
     return [case for case in chosen if case.pattern in available_patterns(case.database)]
 
