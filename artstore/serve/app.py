@@ -71,10 +71,10 @@ def create_app(
         Route("/api/rollouts/{rollout_id}/finish", api.finish_rollout, methods=["POST"]),
         Route("/api/rollouts/{rollout_id}/fail", api.fail_rollout, methods=["POST"]),
         Route("/api/rollouts/{rollout_id}/trajectory", api.read_trajectory, methods=["GET"]),
-        Route("/api/runs/{run}/claims", claims_api.claim, methods=["POST"]),
-        Route("/api/runs/{run}/claims/renew", claims_api.renew, methods=["POST"]),
-        Route("/api/runs/{run}/claims/release", claims_api.release, methods=["POST"]),
-        Route("/api/runs/{run}/claims/seal", claims_api.seal, methods=["POST"]),
+        Route("/api/runs/{run:path}/claims", claims_api.claim, methods=["POST"]),
+        Route("/api/runs/{run:path}/claims/renew", claims_api.renew, methods=["POST"]),
+        Route("/api/runs/{run:path}/claims/release", claims_api.release, methods=["POST"]),
+        Route("/api/runs/{run:path}/claims/seal", claims_api.seal, methods=["POST"]),
         Route("/openapi.json", schema, methods=["GET"]),
     ]
     app = Starlette(

@@ -55,6 +55,7 @@ class Served:
     token_hash: str
     calls: set[asyncio.Task] = field(default_factory=set)  # relayed now
     ending: bool = False
+    check: Any = None  # a worker's claim: its end is written only while the lease holds
 
 
 class Rollouts:
@@ -131,6 +132,7 @@ class Rollouts:
             inference_api_key=None,
             inference_model_name=settings.get("inference_model_name") or settings["name"],
         )
+        check = rollout_check(claim)
         recorder = open_rollout(
             self.store.events,
             described,
@@ -141,9 +143,9 @@ class Rollouts:
             role=claim.role,
             policy_step=claim.policy_step if claim.role == "policy" else None,
             rollout_id=claim.rollout_id,
-            check=rollout_check(claim),
+            check=check,
         )
-        return await self._serve(recorder, claim.run, claim.group_id, token), token
+        return await self._serve(recorder, claim.run, claim.group_id, token, check), token
 
     async def forget(self, rollout_id: str) -> None:
         """Stop serving a rollout recorded as ended elsewhere (abandoned, given back)."""
@@ -154,10 +156,12 @@ class Rollouts:
             served.recorder.closed = True
             await self._ended(served)
 
-    async def _serve(self, recorder: Rollout, run: str, group_id: str, token: str) -> Served:
+    async def _serve(
+        self, recorder: Rollout, run: str, group_id: str, token: str, check: Any = None
+    ) -> Served:
         # Its token is cleaned from what it records, not learned by the whole process.
         recorder.redact = Redactor(own=[token])
-        served = Served(recorder, run, group_id, tokens.token_hash(token))
+        served = Served(recorder, run, group_id, tokens.token_hash(token), check=check)
         self.by_id[recorder.id] = served
         self.by_token[served.token_hash] = served
         try:
@@ -201,9 +205,9 @@ class Rollouts:
                     group_id=served.group_id, scorer=scorer, rewards={recorder.id: reward}
                 )
                 await self.store.append(group_stream(served.group_id), [scored])
-            await recorder.finish()
+            await recorder.finish(served.check)
         except BaseException as exc:
-            await recorder.fail(exc)
+            await recorder.fail(exc, served.check)
             raise
         finally:
             await self._ended(served)
@@ -220,7 +224,9 @@ class Rollouts:
         served.recorder.logs.extend(_lines(body.get("logs")))
         await self._end(served)
         try:
-            await served.recorder.fail(AgentFailure.named(str(error_type or "AgentError"), message))
+            await served.recorder.fail(
+                AgentFailure.named(str(error_type or "AgentError"), message), served.check
+            )
         finally:
             await self._ended(served)
 
@@ -231,7 +237,9 @@ class Rollouts:
                 continue
             await self._end(served)
             try:
-                await served.recorder.fail(AgentFailure.named("ServerStopped", reason))
+                await served.recorder.fail(
+                    AgentFailure.named("ServerStopped", reason), served.check
+                )
             finally:
                 await self._ended(served)
 
