@@ -112,6 +112,7 @@ class RemoteWorker:
         self.summary = WorkerSummary(worker=self.id, run=run)
         self.tasks: dict[asyncio.Task[None], tuple[str, dict[str, Any]]] = {}
         self.http: httpx.AsyncClient | None = None
+        self._lost: set[tuple[str, Any]] = set()  # claims counted in `leases_lost`
 
     async def post(
         self, url: str, body: dict[str, Any], token: str | None = None
@@ -138,7 +139,10 @@ class RemoteWorker:
         loop = asyncio.get_running_loop()
         while not stop.is_set():
             free = self.concurrency - len(self.tasks)
-            body = {"worker": self.id, "limit": max(free, 0), "lease_s": self.lease_s}
+            if free <= 0:  # busy: until a task of ours ends
+                await self._idle(stop)
+                continue
+            body = {"worker": self.id, "limit": free, "lease_s": self.lease_s}
             try:
                 answer = await self.post(self.claims_url, body)
             except ServerRefused as exc:
@@ -160,11 +164,18 @@ class RemoteWorker:
                 self._start(self._rollout(item), "rollout", item)
             if status != "open" and not self.tasks:
                 return
-            if answer["rollouts"] or answer["seals"]:
-                continue
-            waiting = [*self.tasks, asyncio.ensure_future(stop.wait())]
-            await asyncio.wait(waiting, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
-            waiting[-1].cancel()
+            if not (answer["rollouts"] or answer["seals"]):
+                await self._idle(stop)
+
+    async def _idle(self, stop: asyncio.Event) -> None:
+        """Until a task of ours ends, `stop` is set, or `poll_s` passes."""
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait(
+                [*self.tasks, stopping], timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            stopping.cancel()
 
     def _start(self, work: Any, kind: str, item: dict[str, Any]) -> None:
         task = asyncio.create_task(work)
@@ -173,9 +184,13 @@ class RemoteWorker:
 
     def on_lost(self, kind: str, claim: dict[str, Any]) -> None:
         """The heartbeat found a lease lost: stop what this worker does under it."""
+        key = (kind, tuple(sorted(claim.items())))
         for task, held in list(self.tasks.items()):
             if held == (kind, claim):
-                self.summary.leases_lost += 1
+                if key not in self._lost:  # reported by every beat until the task ends
+                    self._lost.add(key)
+                    self.summary.leases_lost += 1
+                    log.warning("worker %s: lease lost on %s %s", self.id, kind, claim)
                 task.cancel()
 
     async def _stop_tasks(self) -> None:

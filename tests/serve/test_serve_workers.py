@@ -105,7 +105,8 @@ def start_worker(address: str, gate: Path, log: Path) -> subprocess.Popen:
     )
     env["ARTSTORE_TEST_GATE"] = str(gate)
     command = [
-        *(sys.executable, "-m", "artstore", "worker", RUN, "--server", address),
+        *(sys.executable, "-c", "from artstore.cli import main; main()"),
+        *("worker", RUN, "--server", address),
         *("--agent", "server_worker_agent:agent", "--reward", "server_worker_agent:reward"),
         *("--lease", str(LEASE_S), "--concurrency", "2", "--wait", "120"),
     ]
@@ -139,13 +140,14 @@ async def test_a_worker_without_a_database_runs_whole_rollouts_through_the_serve
         await register(store, groups)
         for _ in range(KILLS):  # killed while it holds rollouts open, mid-agent
             worker = start_worker(server.address, gate, log)
-            await eventually(lambda: running_with_a_call(store), "a rollout in flight", timeout=120)
+            await eventually(lambda: running_with_a_call(store), "a rollout in flight", timeout=60)
             worker.send_signal(signal.SIGKILL)
             await asyncio.to_thread(worker.wait)
         gate.touch()
         worker = start_worker(server.address, gate, log)
 
         async def sealed() -> bool:
+            assert worker.poll() is None, log.read_text()[-3000:]
             states = await claims.group_states(store.database, [f"g{i}" for i in range(groups)])
             return all(state.status == "sealed" for state in states.values())
 
