@@ -220,6 +220,8 @@ async def test_the_claims_api_needs_postgresql(database_url: str) -> None:
         answer = await server.http.post(
             f"{server.address}/api/runs/{RUN}/claims", json={"worker": "w"}
         )
+        schema = (await server.http.get(f"{server.address}/openapi.json")).json()
     expected = 404 if "postgresql" in database_url else 400
     assert answer.status_code == expected, answer.text
     assert "\n" not in answer.json()["error"]["message"]
+    assert {"/api/runs/{run}/claims", "/api/runs/{run}/claims/seal"} <= set(schema["paths"])
