@@ -46,6 +46,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from artstore.capture import http, matching
+from artstore.capture.replay import Replay, load_replay
 from artstore.capture.targets import CURRENT_ROLLOUT, CallTarget
 from artstore.documents import messages as lc
 from artstore.errors import InvalidEventError, NoRolloutError, StorageFullError
@@ -275,6 +276,15 @@ class Rollout(CallTarget):
                     self._taken.add(call.call_id)
                     return call
         return None
+
+    def submit_event(self, event: Any) -> None:
+        """Queue an event of this rollout's stream in order with its calls, from any thread."""
+        if threading.get_ident() == self._loop_thread:
+            self._queue_llm_call(event, {})
+            return
+        with self._handoffs_lock:
+            self._handoffs += 1
+        self._loop.call_soon_threadsafe(self._queue_llm_call, event, {}, True)
 
     def capture_failed(self, error: Exception) -> None:
         """A call could not be recorded: the block's exit raises it (nobody else can see it)."""
@@ -541,6 +551,7 @@ class Rollout(CallTarget):
             if self.inference_base_url
             else None,
             started_at=datetime.now(UTC),
+            resumes=self.replay.resumes if self.replay is not None else None,
         )
 
 
@@ -556,6 +567,7 @@ def open_rollout(
     policy_step: int | None = None,
     rollout_id: str | None = None,
     check: RolloutCheck | None = None,
+    replay: Replay | None = None,
 ) -> Rollout:
     """A rollout whose `rollout.started` is queued: end it with `finish()` or `fail()`.
 
@@ -572,6 +584,7 @@ def open_rollout(
     )
     # The store checks every event it writes for the model's key too, whatever made it.
     store.redact.add([recorder.inference_api_key], urls=[recorder.inference_base_url])
+    recorder.replay = replay
     started = recorder._started(
         scenario,
         run=run,
@@ -597,9 +610,17 @@ async def rollout(
     policy_step: int | None = None,
     rollout_id: str | None = None,
     check: RolloutCheck | None = None,
+    resumes: str | None = None,
 ) -> AsyncIterator[Rollout]:
-    """Record a rollout of `model` (an `art.Model`, or anything with its inference fields)."""
+    """Record a rollout of `model` (an `art.Model`, or anything with its inference fields).
+
+    `resumes`: the id of an earlier attempt that did not finish, whose recorded calls are
+    served back to the agent while its requests match them (`artstore.capture.replay`).
+    """
     http.install()  # once: OpenAI-compatible calls of the block are recorded from HTTP
+    replay = None
+    if resumes is not None:
+        replay = await load_replay(store, rollout_stream(resumes), resumes)
     recorder = open_rollout(
         store,
         model,
@@ -611,6 +632,7 @@ async def rollout(
         policy_step=policy_step,
         rollout_id=rollout_id,
         check=check,
+        replay=replay,
     )
     token = CURRENT_ROLLOUT.set(recorder)
     art_token = _install_art_logger(recorder)
