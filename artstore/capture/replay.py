@@ -193,3 +193,33 @@ def response_for(request: httpx.Request, recorded: RecordedCall) -> httpx.Respon
     )
     response.elapsed = timedelta(0)
     return response
+
+
+async def resumable_attempts(store: EventStore, group_id: str, skip: set[str]) -> list[str]:
+    """The attempts of `group_id` that did not finish and that no other rollout resumes,
+    newest first (an attempt that resumed another holds the calls of both), `skip` left out.
+
+    For a caller that runs a group's rollouts again after its process died: an attempt
+    still running in a live process must be in `skip` (or fenced by a lease).
+    """
+    from sqlalchemy import select
+
+    from artstore.schema import tables as t
+
+    async with store.database.read() as connection:
+        rows = (
+            await connection.execute(
+                select(t.rollouts.c.rollout_id, t.rollouts.c.status)
+                .where(t.rollouts.c.group_id == group_id)
+                .order_by(t.rollouts.c.started_at.desc(), t.rollouts.c.rollout_id)
+            )
+        ).all()
+    resumed = set()
+    for row in rows:  # each stream's first event: its `rollout.started`
+        started = await store.read_stream(f"rollout-{row.rollout_id}", 1, limit=1)
+        resumed |= {event.data.get("resumes") for event in started}
+    return [
+        row.rollout_id
+        for row in rows
+        if row.status != "finished" and row.rollout_id not in resumed | skip
+    ]

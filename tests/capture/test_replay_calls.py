@@ -8,101 +8,21 @@ attempt stops (raises) after some calls; the second `resumes` it.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 from capture_helpers import served_model
+from replay_agent import CALLS, Stopped, agent, policy
 from sqlalchemy import select
 
 from artstore.schema import tables as t
-from artstore.testing.inference_server import LocalInferenceServer, ScriptedReply
-
-CALLS = 10
-STEP_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "step",
-        "description": "One step of the task.",
-        "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}},
-    },
-}
-
-
-class Stopped(Exception):
-    """The first attempt ends here, as a crash would."""
-
-
-def policy(request: dict[str, Any], sample_index: int) -> ScriptedReply:
-    """A step tool until nine results are in, then an answer quoting the last one."""
-    results = [m for m in request["messages"] if m.get("role") == "tool"]
-    if len(results) < CALLS - 1:
-        return ScriptedReply(tool_calls=[("step", {"n": len(results)})])
-    return ScriptedReply(content="done: " + results[-1]["content"])
-
-
-async def agent(
-    server: LocalInferenceServer,
-    *,
-    stream: bool,
-    stop_after: int | None = None,
-    changed_from: int | None = None,
-) -> str:
-    """Ten calls; raises `Stopped` after `stop_after` answers; the tool's result changes
-    from the call `changed_from` on (the request after it differs from the recorded one)."""
-    client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
-    messages: list[Any] = [{"role": "user", "content": "do the task"}]
-    for call in range(CALLS):
-        if stop_after is not None and call == stop_after:
-            raise Stopped
-        options: dict[str, Any] = {
-            "model": "test-model",
-            "messages": messages,
-            "tools": [STEP_TOOL],
-        }
-        if stream:
-            chunks = await client.chat.completions.create(**options, stream=True)
-            content, tool_calls = "", {}
-            async for chunk in chunks:
-                delta = chunk.choices[0].delta if chunk.choices else None
-                content += (delta.content or "") if delta else ""
-                for each in (delta.tool_calls or []) if delta else []:
-                    found = tool_calls.setdefault(each.index, {"id": "", "name": "", "args": ""})
-                    found["id"] += each.id or ""
-                    found["name"] += (each.function.name or "") if each.function else ""
-                    found["args"] += (each.function.arguments or "") if each.function else ""
-            calls = list(tool_calls.values())
-        else:
-            completion = await client.chat.completions.create(**options)
-            message = completion.choices[0].message
-            content = message.content or ""
-            calls = [
-                {"id": c.id, "name": c.function.name, "args": c.function.arguments}
-                for c in message.tool_calls or []
-            ]
-        if not calls:
-            return content
-        messages.append(
-            {
-                "role": "assistant",
-                "content": content or None,
-                "tool_calls": [
-                    {
-                        "id": c["id"],
-                        "type": "function",
-                        "function": {"name": c["name"], "arguments": c["args"]},
-                    }
-                    for c in calls
-                ],
-            }
-        )
-        for c in calls:
-            n = json.loads(c["args"])["n"]
-            changed = changed_from is not None and call >= changed_from - 1
-            result = f"step {n} {'changed' if changed else 'ok'}"
-            messages.append({"role": "tool", "tool_call_id": c["id"], "content": result})
-    raise AssertionError("the policy never answered")
+from artstore.testing.inference_server import LocalInferenceServer
 
 
 async def events_of(store: Any, rollout_id: str) -> list[Any]:
@@ -188,3 +108,45 @@ async def test_first_request_that_differs_goes_live_and_is_recorded(store: Any) 
     replayed = [e.replayed_from for e in events if e.type == "llm.call"]
     assert replayed == [c.call_id for c in earlier_calls[:3]] + [None] * (CALLS - 3)
     assert "changed" in resumed.result
+
+
+DRIVER = Path(__file__).parents[1] / "support" / "replay_crash_driver.py"
+
+
+def run_driver(url: str, workdir: Path, server: LocalInferenceServer, kill_at: int) -> int:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(DRIVER.parents[2]), str(DRIVER.parent)]),
+    }
+    arguments = [url, str(workdir), server.base_url, server.api_key, str(kill_at)]
+    done = subprocess.run(
+        [sys.executable, str(DRIVER), *arguments], env=env, capture_output=True, timeout=300
+    )
+    assert done.returncode in (0, -9), done.stderr.decode()[-3000:]
+    return done.returncode
+
+
+async def test_a_durable_rollout_killed_mid_call_resumes_from_its_calls(
+    store: Any, database_url: str, tmp_path: Path
+) -> None:
+    """SIGKILLed after its 5th answer (the 6th call not sent), run again by the same loop:
+    the server gets calls 5-9 only, and the resumed rollout holds all ten, once each."""
+    async with LocalInferenceServer(policy) as server:
+        codes = [
+            await asyncio.to_thread(run_driver, database_url, tmp_path, server, 4) for _ in range(2)
+        ]
+        sent = server.requests
+    assert codes == [-9, 0]
+    assert [len(r["messages"]) for r in sent] == [1 + 2 * i for i in range(5)] + [
+        1 + 2 * i for i in range(5, CALLS)
+    ]  # no call answered before the kill was sent again
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["answer"] == f"done: step {CALLS - 2} ok"
+    events = await events_of(store, result["rollout_id"])
+    calls = await calls_of(store, result["rollout_id"])
+    earlier = events[0].resumes
+    assert earlier is not None
+    assert [c.replayed_from is not None for c in calls] == [True] * 5 + [False] * 5
+    assert [c.output for c in calls[:5]] == [c.output for c in await calls_of(store, earlier)]
+    trajectory = await store.trajectory(result["rollout_id"])
+    assert len(trajectory.messages_and_choices) == 1 + 2 * (CALLS - 1) + 1
