@@ -222,6 +222,22 @@ class ReplayDiverged(Event):
     fingerprint: str  # of the request the agent sent
 
 
+@event_type("tool.called")
+class ToolCalled(Event):
+    """A tool's result, recorded by `artstore.recorded_tool` (`artstore.capture.tools`) and
+    served back instead of running the tool again when a resumed rollout calls it the same."""
+
+    call_id: str
+    index: int  # order among the rollout's recorded tool calls
+    name: str
+    fingerprint: str  # of the name and the arguments (`artstore.capture.tools`)
+    arguments: JSONValue = None
+    result: JSONValue = None
+    error_type: str | None = None  # the tool raised: it runs again on replay
+    error_message: str | None = None
+    replayed_from: str | None = None  # a result served from the earlier attempt's record
+
+
 @event_type("rollout.finished")
 class RolloutFinished(Event):
     rollout_id: str

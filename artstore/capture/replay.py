@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from artstore.capture.tools import ToolReplay
 from artstore.documents import exchanges as docs
-from artstore.events import LLMCall, ReplayDiverged, new_event_id, new_id
+from artstore.events import LLMCall, ReplayDiverged, ToolCalled, new_event_id, new_id
 from artstore.eventstore.blobs import blob_hash, blob_json, canonical_json
 
 if TYPE_CHECKING:
@@ -83,9 +84,12 @@ class RecordedCall:
 class Replay:
     """The earlier attempt's calls, handed out in order until the agent's requests differ."""
 
-    def __init__(self, resumes: str, calls: list[RecordedCall]) -> None:
+    def __init__(
+        self, resumes: str, calls: list[RecordedCall], tools: list[ToolCalled] | None = None
+    ) -> None:
         self.resumes = resumes
         self.calls = calls
+        self.tools = ToolReplay(tools or [])  # results of `recorded_tool`s, served apart
         self.position = 0
         self.live = False  # a request differed, or the record ran out: no more replay
         self.served = 0
@@ -118,7 +122,9 @@ class Replay:
 
 async def load_replay(store: EventStore, stream_id: str, resumes: str) -> Replay:
     """The calls the rollout `resumes` recorded from HTTP and answered, in their order."""
-    events = [e.decode() for e in await store.read_stream(stream_id) if e.type == "llm.call"]
+    stored = await store.read_stream(stream_id)
+    events = [e.decode() for e in stored if e.type == "llm.call"]
+    tools = [e.decode() for e in stored if e.type == "tool.called"]
     by_index: dict[int, LLMCall] = {}
     for event in events:
         assert isinstance(event, LLMCall)
@@ -141,7 +147,7 @@ async def load_replay(store: EventStore, stream_id: str, resumes: str) -> Replay
         assert event.request is not None and event.output is not None
         request = docs.join_request(bodies[event.request], event.input, event.tools, bodies)
         calls.append(RecordedCall(event, request_fingerprint(request), bodies[event.output]))
-    return Replay(resumes, calls)
+    return Replay(resumes, calls, sorted(tools, key=lambda e: e.index))  # type: ignore[arg-type]
 
 
 def replayed_event(recorded: RecordedCall, started_at: datetime) -> LLMCall:

@@ -48,6 +48,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from artstore.capture import http, matching
 from artstore.capture.replay import Replay, load_replay
 from artstore.capture.targets import CURRENT_ROLLOUT, CallTarget
+from artstore.capture.tools import ToolReplay
 from artstore.documents import messages as lc
 from artstore.errors import InvalidEventError, NoRolloutError, StorageFullError
 from artstore.events import (
@@ -55,6 +56,7 @@ from artstore.events import (
     RolloutFailed,
     RolloutFinished,
     RolloutStarted,
+    ToolCalled,
     new_id,
 )
 from artstore.eventstore.blobs import blob_hash, blob_json, canonical_json
@@ -157,6 +159,21 @@ class Rollout(CallTarget):
         # keys (`artstore.capture.matching`); `_taken` holds those superseded already.
         self._http_calls: dict[str, list[LLMCall]] = {}
         self._taken: set[str] = set()
+        self._tool_calls = 0  # `recorded_tool` calls numbered so far
+
+    @property
+    def tool_replay(self) -> ToolReplay | None:
+        """The earlier attempt's tool results, when this rollout resumes one."""
+        return self.replay.tools if self.replay is not None else None
+
+    def number_tool_call(self, event: ToolCalled) -> ToolCalled:
+        with self.numbering:
+            index, self._tool_calls = self._tool_calls, self._tool_calls + 1
+        return event.model_copy(update={"index": index})
+
+    def stored_json(self, value: Any, what: str) -> Any:
+        """`value` as stored: JSON, secrets redacted; a clear error if it is not JSON."""
+        return self._json(value, what)
 
     @property
     def stream_id(self) -> str:

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from artstore.art_versions import captured_exchanges
 
 if TYPE_CHECKING:
-    from artstore.capture.replay import Replay
     from artstore.events import LLMCall
     from artstore.redaction import Redactor
 
@@ -56,8 +55,9 @@ class CallTarget:
         self.numbering = threading.Lock()  # calls are numbered by whatever thread records
         self._claimed_exchanges: set[int] = set()  # ART exchanges matched to a call
         self.open_calls: set[Any] = set()  # HTTP calls whose response is not complete yet
-        # The earlier attempt whose calls are served back (`artstore.capture.replay`).
-        self.replay: Replay | None = None
+        # The earlier attempt whose calls are served back: an `artstore.capture.replay`
+        # Replay (not imported here: that module records into targets).
+        self.replay: Any = None
 
     def submit_call(
         self,

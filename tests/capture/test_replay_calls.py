@@ -21,6 +21,7 @@ from capture_helpers import served_model
 from replay_agent import CALLS, Stopped, agent, policy
 from sqlalchemy import select
 
+import artstore
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
 
@@ -150,3 +151,42 @@ async def test_a_durable_rollout_killed_mid_call_resumes_from_its_calls(
     assert [c.output for c in calls[:5]] == [c.output for c in await calls_of(store, earlier)]
     trajectory = await store.trajectory(result["rollout_id"])
     assert len(trajectory.messages_and_choices) == 1 + 2 * (CALLS - 1) + 1
+
+
+async def test_recorded_tools_are_served_back_and_others_run_again(store: Any) -> None:
+    ran: list[tuple[str, int]] = []
+
+    @artstore.recorded_tool
+    async def sandbox(command: str, n: int) -> dict[str, Any]:
+        ran.append((command, n))
+        return {"out": f"{command} {n}"}
+
+    @artstore.recorded_tool(name="clock")
+    def clock(n: int) -> int:
+        ran.append(("clock", n))
+        return n * 10
+
+    with pytest.raises(Stopped):
+        async with store.rollout("agent", scenario="tools") as earlier:
+            assert await sandbox("ls", 0) == {"out": "ls 0"}
+            assert clock(1) == 10
+            assert await sandbox("ls", 2) == {"out": "ls 2"}
+            raise Stopped
+    assert len(ran) == 3
+    async with store.rollout("agent", scenario="tools", resumes=earlier.id) as resumed:
+        assert await sandbox("ls", 0) == {"out": "ls 0"}  # served
+        assert clock(1) == 10  # served
+        assert await sandbox("rm", 2) == {"out": "rm 2"}  # differs: runs
+        assert clock(3) == 30  # and every later call runs
+    assert ran[3:] == [("rm", 2), ("clock", 3)]
+    assert await sandbox("ls", 9) == {"out": "ls 9"}  # outside a rollout: runs
+    events = [e for e in await events_of(store, resumed.id) if e.type == "tool.called"]
+    recorded = [e for e in await events_of(store, earlier.id) if e.type == "tool.called"]
+    assert [e.index for e in events] == [0, 1, 2, 3]
+    assert [e.replayed_from for e in events] == [
+        recorded[0].call_id,
+        recorded[1].call_id,
+        None,
+        None,
+    ]
+    assert [e.result for e in events] == [{"out": "ls 0"}, 10, {"out": "rm 2"}, 30]
