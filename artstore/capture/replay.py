@@ -90,6 +90,7 @@ class Replay:
         self.resumes = resumes
         self.calls = calls
         self.tools = ToolReplay(tools or [])  # results of `recorded_tool`s, served apart
+        self.chat: Replay | None = None  # calls of a LangChain chat model, served apart
         self.position = 0
         self.live = False  # a request differed, or the record ran out: no more replay
         self.served = 0
@@ -120,34 +121,72 @@ class Replay:
             )
 
 
-async def load_replay(store: EventStore, stream_id: str, resumes: str) -> Replay:
-    """The calls the rollout `resumes` recorded from HTTP and answered, in their order."""
-    stored = await store.read_stream(stream_id)
-    events = [e.decode() for e in stored if e.type == "llm.call"]
-    tools = [e.decode() for e in stored if e.type == "tool.called"]
+def message_fingerprint(messages: list[dict[str, Any]], tools: Any) -> str:
+    """The fingerprint of a call of a LangChain chat model (artstore's `init_chat_model`):
+    each message as stored (`message_to_dict`) reduced to its type, content, tool calls,
+    tool call id and name (ids that LangGraph makes up anew on each run left out), and
+    the tools offered, as `request_fingerprint` takes it."""
+
+    def essential(message: dict[str, Any]) -> list[Any]:
+        data = message.get("data") or {}
+        calls = [[c.get("name"), c.get("args"), c.get("id")] for c in data.get("tool_calls") or []]
+        return [
+            message.get("type"),
+            data.get("content"),
+            calls,
+            data.get("tool_call_id"),
+            data.get("name"),
+        ]
+
+    return request_fingerprint({"messages": [essential(m) for m in messages], "tools": tools})
+
+
+def _answered(events: list[LLMCall], source: str) -> list[LLMCall]:
+    """The calls of `source` that were answered, one per index, in order."""
     by_index: dict[int, LLMCall] = {}
     for event in events:
-        assert isinstance(event, LLMCall)
-        if (
-            event.source == "http"
-            and event.error_type is None
-            and event.request is not None
-            and event.output is not None
-        ):
+        if event.source == source and event.error_type is None and event.output is not None:
+            if source == "http" and event.request is None:
+                continue
             by_index.setdefault(event.index, event)
-    ordered = [by_index[i] for i in sorted(by_index)]
-    hashes = {h for e in ordered for h in (*e.input, e.tools, e.request, e.output) if h}
-    bodies = {h: json.loads(body) for h, body in (await store.get_blobs(hashes)).items()}
+    return [by_index[i] for i in sorted(by_index)]
+
+
+def _recorded(events: list[LLMCall], bodies: dict[str, Any]) -> list[RecordedCall]:
+    """Each call with its fingerprint, up to the first whose blobs are missing."""
     calls = []
-    for event in ordered:
+    for event in events:
         if not all(
             h in bodies for h in (*event.input, event.tools, event.request, event.output) if h
         ):
-            break  # a blob the store does not hold: replay up to here
-        assert event.request is not None and event.output is not None
-        request = docs.join_request(bodies[event.request], event.input, event.tools, bodies)
-        calls.append(RecordedCall(event, request_fingerprint(request), bodies[event.output]))
-    return Replay(resumes, calls, sorted(tools, key=lambda e: e.index))  # type: ignore[arg-type]
+            break
+        assert event.output is not None
+        if event.source == "http":
+            assert event.request is not None
+            request = docs.join_request(bodies[event.request], event.input, event.tools, bodies)
+            fingerprint = request_fingerprint(request)
+        else:
+            tools = bodies[event.tools] if event.tools else None
+            fingerprint = message_fingerprint([bodies[h] for h in event.input], tools)
+        calls.append(RecordedCall(event, fingerprint, bodies[event.output]))
+    return calls
+
+
+async def load_replay(store: EventStore, stream_id: str, resumes: str) -> Replay:
+    """What the rollout `resumes` recorded: its answered calls from HTTP and those of a
+    LangChain chat model (each in their order), and its recorded tools' results."""
+    stored = await store.read_stream(stream_id)
+    events = [e.decode() for e in stored if e.type == "llm.call"]
+    tools = [e.decode() for e in stored if e.type == "tool.called"]
+    http_calls = _answered(events, "http")  # type: ignore[arg-type]
+    chat_calls = _answered(events, "langchain")  # type: ignore[arg-type]
+    hashes = {
+        h for e in http_calls + chat_calls for h in (*e.input, e.tools, e.request, e.output) if h
+    }
+    bodies = {h: json.loads(body) for h, body in (await store.get_blobs(hashes)).items()}
+    replay = Replay(resumes, _recorded(http_calls, bodies), sorted(tools, key=lambda e: e.index))  # type: ignore
+    replay.chat = Replay(resumes, _recorded(chat_calls, bodies))
+    return replay
 
 
 def replayed_event(recorded: RecordedCall, started_at: datetime) -> LLMCall:

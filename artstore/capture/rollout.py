@@ -46,13 +46,14 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from artstore.capture import http, matching
-from artstore.capture.replay import Replay, load_replay
+from artstore.capture.replay import Replay, load_replay, message_fingerprint, replayed_event
 from artstore.capture.targets import CURRENT_ROLLOUT, CallTarget
 from artstore.capture.tools import ToolReplay
 from artstore.documents import messages as lc
 from artstore.errors import InvalidEventError, NoRolloutError, StorageFullError
 from artstore.events import (
     LLMCall,
+    ReplayDiverged,
     RolloutFailed,
     RolloutFinished,
     RolloutStarted,
@@ -170,6 +171,27 @@ class Rollout(CallTarget):
         with self.numbering:
             index, self._tool_calls = self._tool_calls, self._tool_calls + 1
         return event.model_copy(update={"index": index})
+
+    def served_answer(self, input: Any, tools: Sequence[Any] | None) -> AIMessage | None:
+        """For a LangChain chat model's call: the answer the earlier attempt this rollout
+        resumes recorded for it (recorded here as a copy), or None: call the model."""
+        chat = self.replay.chat if self.replay is not None else None
+        if chat is None or chat.live:
+            return None
+        messages = lc.as_messages(input)
+        dumps = [json.loads(self.redact(lc.dump_message(m))) for m in messages]
+        offered = json.loads(self.redact(blob_json(_openai_tools(tools)))) if tools else None
+        found = chat.take(message_fingerprint(dumps, offered), self.id)
+        if isinstance(found, ReplayDiverged):
+            self.submit_event(found)
+            return None
+        if found is None:
+            return None
+        event = replayed_event(found, datetime.now(UTC))
+        self.submit_call(lambda: (event, {}, []))
+        answer = lc.load_message(json.dumps(found.response))
+        assert isinstance(answer, AIMessage)
+        return answer
 
     def stored_json(self, value: Any, what: str) -> Any:
         """`value` as stored: JSON, secrets redacted; a clear error if it is not JSON."""

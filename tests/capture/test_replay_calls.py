@@ -190,3 +190,47 @@ async def test_recorded_tools_are_served_back_and_others_run_again(store: Any) -
         None,
     ]
     assert [e.result for e in events] == [{"out": "ls 0"}, 10, {"out": "rm 2"}, 30]
+
+
+async def test_a_langgraph_agent_resumed_gets_its_chat_model_calls_back(store: Any) -> None:
+    """artstore's `init_chat_model` in a ReAct graph: stopped after 4 model calls, resumed."""
+    import warnings
+
+    from langchain_core.tools import tool
+
+    from artstore.langgraph import init_chat_model
+
+    with warnings.catch_warnings():  # create_react_agent is deprecated in LangGraph 1.x
+        warnings.simplefilter("ignore")
+        from langgraph.prebuilt import create_react_agent
+
+    @tool
+    def step(n: int) -> str:
+        """One step of the task."""
+        return f"step {n} ok"
+
+    def graph() -> Any:  # inside a rollout: its chat model is the rollout's
+        return create_react_agent(init_chat_model().bind_tools([step]), [step])
+
+    question = {"messages": [("user", "do the task")]}
+    async with LocalInferenceServer(policy) as server:
+        model = served_model(server)
+        with pytest.raises(Stopped):
+            async with store.rollout(model, scenario="graph") as earlier:
+                answered = 0
+                async for update in graph().astream(question, stream_mode="updates"):
+                    answered += "agent" in update
+                    if answered == 4:
+                        raise Stopped
+        before = len(server.requests)
+        async with store.rollout(model, scenario="graph", resumes=earlier.id) as resumed:
+            state = await graph().ainvoke(question)
+            resumed.result = state["messages"][-1].content
+        sent = server.requests[before:]
+    assert len(sent) == CALLS - 4
+    assert resumed.result == f"done: step {CALLS - 2} ok"
+    calls = await calls_of(store, resumed.id)
+    earlier_calls = await calls_of(store, earlier.id)
+    assert [c.index for c in calls] == list(range(CALLS))
+    assert [c.replayed_from for c in calls[:4]] == [c.call_id for c in earlier_calls]
+    assert [c.output for c in calls[:4]] == [c.output for c in earlier_calls]
