@@ -14,7 +14,10 @@ Streams:
 - `group-<group id>`: rewards per scorer, group sealed;
 - `train-<run>`: train step started / completed / failed / reconciled, checkpoint pushed;
 - `langgraph-<thread id>`: a LangGraph thread's checkpoints and pending writes
-  (`artstore.langgraph.checkpointer`), and `langgraph.thread_deleted`.
+  (`artstore.langgraph.checkpointer`), and `langgraph.thread_deleted`;
+- `feedback-<rollout id>`: a person's judgements of the rollout (`feedback`), one each;
+- `dataset-<name>`: the versions of a dataset (`dataset.created`), version N is event N;
+- `datasets`: one `dataset.named` per version made, so that the names can be listed.
 """
 
 from __future__ import annotations
@@ -287,6 +290,52 @@ class RewardsRecorded(Event):
     rewards: dict[str, float]  # rollout id -> reward
     metrics: dict[str, dict[str, float | int | bool]] = {}  # rollout id -> metrics
     rescored: bool = False
+
+
+@event_type("feedback")
+class Feedback(Event):
+    """A person's judgement of a rollout, or of one of its LLM calls (`call_index`).
+
+    A score of the whole rollout is a reward by the scorer `human:<name>` (projected into
+    `rewards` under the rollout's group); a call's score, a label and a comment are kept
+    here only. Immutable: a second judgement is another event, and the latest score wins.
+    """
+
+    rollout_id: str
+    name: str  # who judged: the scorer is `human:<name>`
+    group_id: str | None = None  # the rollout's group when it was judged
+    call_index: int | None = None
+    score: float | None = None
+    label: str | None = None
+    comment: str | None = None
+
+
+@event_type("dataset.created")
+class DatasetCreated(Event):
+    """A version of a dataset: the exact rollouts it holds, frozen.
+
+    `digest`: SHA-256 over each rollout's id, its events' ids and the rewards by the
+    scorer that chose it (see `artstore.datasets.selection`), so that what it holds can be
+    checked later. `selection`: the options that chose the rollouts, as given.
+    """
+
+    name: str
+    version: int
+    rollout_ids: list[str]
+    digest: str
+    run: str | None = None
+    scorer: str | None = None
+    rewards: dict[str, float] = {}  # rollout id -> reward by `scorer` when chosen
+    selection: dict[str, JSONValue] = {}
+
+
+@event_type("dataset.named")
+class DatasetNamed(Event):
+    """The index of datasets (stream `datasets`): a version of `name` was made, in the same
+    transaction as its `dataset.created`."""
+
+    name: str
+    version: int
 
 
 # --- training ---------------------------------------------------------------------------

@@ -8,6 +8,8 @@ rollouts; training is built on it, in functions that take the store (`artstore.r
 from __future__ import annotations
 
 import asyncio
+import getpass
+import math
 from collections.abc import Collection, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, Literal
@@ -25,9 +27,10 @@ from artstore.arguments import (
     check_url,
     check_whole_numbers,
 )
-from artstore.errors import DatabaseUnavailableError, InvalidArgumentError
+from artstore.errors import DatabaseUnavailableError, InvalidArgumentError, NotFoundError
 from artstore.eventstore.database import Database, connect, database_class, translate_error
 from artstore.eventstore.store import EventStore, Projector, SideBySide
+from artstore.names import kind_of
 from artstore.redaction import learn
 from artstore.schema import migrate
 from artstore.urls import resolve_url
@@ -36,6 +39,15 @@ if TYPE_CHECKING:
     import art
 
     from artstore.capture.rollout import Rollout, RolloutCheck
+    from artstore.events import Feedback
+
+
+def check_finite(argument: str, value: Any) -> None:
+    """A score: a finite number, or None."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgumentError(argument, f"must be a finite number, not {value!r}")
 
 
 class Store:
@@ -151,6 +163,73 @@ class Store:
             check=check,
             resumes=resumes,
         )
+
+    # --- feedback -----------------------------------------------------------------------
+
+    async def feedback(
+        self,
+        rollout_id: str,
+        *,
+        score: float | None = None,
+        label: str | None = None,
+        comment: str | None = None,
+        name: str | None = None,
+        call_index: int | None = None,
+    ) -> Feedback:
+        """Record a person's judgement of a rollout (or of its LLM call `call_index`).
+
+        A score of the rollout is a reward by the scorer `human:<name>` (`name`: the
+        user's login name by default), which replay, datasets and the views use like any
+        scorer's. Nothing is changed: a second judgement is recorded beside the first, and
+        the latest score is the scorer's latest reward.
+        """
+        from artstore.events import Feedback
+
+        check_name("rollout_id", rollout_id)
+        name = check_name("name", getpass.getuser() if name is None else name)
+        check_whole_numbers(optional=True, call_index=call_index)
+        check_finite("score", score)
+        for argument, text in (("label", label), ("comment", comment)):
+            if text is not None and not isinstance(text, str):
+                raise InvalidArgumentError(argument, f"must be a str, not {kind_of(text)}")
+        if score is None and not label and not comment:
+            raise InvalidArgumentError("score", "give a score, a label or a comment")
+        row = await self._rollout_row(rollout_id)
+        if call_index is not None and call_index >= row.num_llm_calls:
+            raise InvalidArgumentError(
+                "call_index", f"rollout {rollout_id} has {row.num_llm_calls} LLM calls"
+            )
+        if score is not None and call_index is None and row.group_id is None:
+            raise InvalidArgumentError(
+                "score", f"rollout {rollout_id} is in no group, so it has no rewards to join"
+            )
+        event = Feedback(
+            rollout_id=rollout_id,
+            name=name,
+            group_id=row.group_id,
+            call_index=call_index,
+            score=None if score is None else float(score),
+            label=label,
+            comment=comment,
+        )
+        await self.append(f"feedback-{rollout_id}", [event])
+        return event
+
+    async def _rollout_row(self, rollout_id: str) -> Any:
+        from sqlalchemy import select
+
+        from artstore.schema import tables as t
+
+        ro = t.rollouts
+        async with self.database.read() as connection:
+            found = (
+                await connection.execute(
+                    select(ro.c.group_id, ro.c.num_llm_calls).where(ro.c.rollout_id == rollout_id)
+                )
+            ).first()
+        if found is None:
+            raise NotFoundError(f"no rollout {rollout_id} in this store")
+        return found
 
     # --- projections --------------------------------------------------------------------
 

@@ -12,9 +12,11 @@ import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from artstore.cli import (
+    dataset,
     db,
     demo,
     exchange,
+    feedback,
     group,
     replay,
     rescore,
@@ -135,12 +137,14 @@ app.command("group")(group.group)
 app.command("trajectory")(trajectory.trajectory)
 app.command("ui")(ui.ui)
 app.command("sql", cls=QueryCommand)(sql.sql)
+app.command("feedback")(feedback.feedback)
 app.command("export")(exchange.export)
 app.command("import")(exchange.import_)
 app.command("worker")(worker.worker)
 app.command("serve")(serve.serve)
 app.add_typer(serve.token_app, name="token")
 app.command("demo")(demo.demo)
+app.add_typer(dataset.app, name="dataset")
 app.add_typer(db.app, name="db")
 
 
@@ -155,6 +159,7 @@ def _help_in_paragraphs(typer_app: typer.Typer) -> None:
 
 
 _help_in_paragraphs(app)
+_help_in_paragraphs(dataset.app)
 _help_in_paragraphs(db.app)
 _help_in_paragraphs(serve.token_app)
 
@@ -167,6 +172,7 @@ def _text_arguments(typer_app: typer.Typer) -> None:
 
 
 _text_arguments(app)
+_text_arguments(dataset.app)
 _text_arguments(db.app)
 _text_arguments(serve.token_app)
 

@@ -8,8 +8,16 @@ from typing import Annotated
 import typer
 
 from artstore.cli.shared import UrlOption, console, err_console, run, say_error
+from artstore.listening import is_loopback
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+AllowFeedbackOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-feedback",
+        help="Let the trajectory page record feedback (a score, a label, a comment): "
+        "the one thing the viewer then writes, each a POST from its own page.",
+    ),
+]
 
 
 def ui(
@@ -32,12 +40,14 @@ def ui(
             help="Stop a query of the SQL page this many seconds after it starts (0: no limit).",
         ),
     ] = 30.0,
+    allow_feedback: AllowFeedbackOption = False,
 ) -> None:
     """Look at runs in a web browser (read-only, on this machine).
 
     Runs (live while they train), reward curves per scorer, train-step metrics, groups
     side by side, trajectories with each token's logprob, scorer and run comparisons,
-    and read-only SQL. Nothing is written to the store. Listening beyond loopback, it
+    and read-only SQL. Nothing is written to the store, unless --allow-feedback lets the
+    trajectory page record a person's feedback. Listening beyond loopback, it
     asks for the token in the address it prints.
     """
 
@@ -53,14 +63,16 @@ def ui(
     where = run(check)
     from artstore.viewer import serve  # the web stack: only for this command
 
-    beyond_loopback = host not in LOOPBACK and not host.startswith("127.")
+    beyond_loopback = not is_loopback(host)
     # Beyond this machine, the address is the login: every request must carry its token.
     token = secrets.token_urlsafe(24) if beyond_loopback else None
+
+    mode = "feedback-taking" if allow_feedback else "read-only"
 
     def ready(address: str) -> None:
         shown = f"{address}?token={token}" if token else address
         console.print(
-            f"artstore ui: [bold]{shown}[/] (read-only view of {where}); Ctrl-C stops it",
+            f"artstore ui: [bold]{shown}[/] ({mode} view of {where}); Ctrl-C stops it",
             highlight=False,
             soft_wrap=True,
         )
@@ -74,7 +86,8 @@ def ui(
             )
 
     try:
-        serve(url, host, port, on_ready=ready, sql_timeout=sql_timeout or None, access_token=token)
+        options = {"access_token": token, "allow_feedback": allow_feedback}
+        serve(url, host, port, on_ready=ready, sql_timeout=sql_timeout or None, **options)
     except KeyboardInterrupt:  # Ctrl-C: uvicorn has stopped serving; that is the way out
         err_console.print("artstore ui: stopped", highlight=False)
     except OSError as exc:

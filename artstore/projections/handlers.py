@@ -19,6 +19,8 @@ from artstore.errors import GroupAlreadyConsumedError
 from artstore.events import (
     CheckpointPushed,
     Event,
+    Feedback,
+    RewardsRecorded,
     RolloutFailed,
     RunFinished,
     RunImported,
@@ -330,3 +332,25 @@ def _run_imported(c: Connection, e: RunImported, r: RecordedEvent) -> None:
             )
         )
         rollout_rewards.refresh_run_rewards(c, e.run)
+
+
+# --- feedback (`store.feedback`, `artstore feedback`) ----------------------------------------
+
+
+def human_scorer(name: str) -> str:
+    """The scorer a person's scores are rewards of."""
+    return f"human:{name}"
+
+
+@handles(Feedback)
+def _feedback(c: Connection, e: Feedback, r: RecordedEvent) -> None:
+    # A score of the whole rollout is a reward like any scorer's, projected as one: the
+    # views, replay and datasets read it without knowing a person gave it.
+    if e.score is None or e.call_index is not None or e.group_id is None:
+        return
+    bulk = BulkProjection(c)
+    reward = RewardsRecorded(
+        group_id=e.group_id, scorer=human_scorer(e.name), rewards={e.rollout_id: e.score}
+    )
+    bulk.add(reward, r)
+    bulk.flush()

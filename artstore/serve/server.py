@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import ipaddress
-import socket
 from typing import Any
+
+from artstore.listening import is_loopback, listening_socket, socket_url
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8420
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 async def serve(
@@ -65,31 +56,9 @@ async def serve(
             **(uvicorn_options or {}),
         )
         server = uvicorn.Server(config)
-        sock = _bind(host, port)
+        sock = listening_socket(host, port)
         if on_ready is not None:
-            on_ready(_address(sock, "https" if config.is_ssl else "http"))
+            on_ready(socket_url(sock, "https" if config.is_ssl else "http"))
         await server.serve(sockets=[sock])
     finally:
         await store.close()
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """A listening socket on (host, port) (port 0: a free one); OSError when taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # Accepted connections inherit it: without it, uvicorn's response (head, then body,
-    # written apart) waited on the client's delayed ACK, 40-50 ms per call on loopback.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(1024)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def _address(sock: socket.socket, scheme: str) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"

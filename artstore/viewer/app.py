@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from artstore.analysis.opening import open_for_reading
 from artstore.errors import ArtstoreError, NotFoundError
+from artstore.store import open_store
 from artstore.viewer import pages
 from artstore.viewer.templating import environment
 
@@ -157,10 +158,12 @@ def create_app(
     run_refresh_ms: int = pages.RUN_REFRESH_MS,
     sql_timeout: float | None = pages.SQL_TIMEOUT_S,
     access_token: str | None = None,
+    allow_feedback: bool = False,
 ) -> Starlette:
     """The viewer over the store at `url` (opened to read when the app starts, closed when
     it stops), or over an open `store` (left open). `sql_timeout`: the SQL page's deadline
-    per query, in seconds (None: none); `access_token`: what every request must carry."""
+    per query, in seconds (None: none); `access_token`: what every request must carry;
+    `allow_feedback`: the trajectory page takes feedback (the store is opened to write)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -169,7 +172,9 @@ def create_app(
             yield
             return
 
-        app.state.store = await open_for_reading(url)
+        app.state.store = await (
+            open_store(url, create=False) if allow_feedback else open_for_reading(url)
+        )
         try:
             yield
         finally:
@@ -182,6 +187,12 @@ def create_app(
         Route("/runs/{run:path}", pages.run_page, name="run"),
         Route("/groups/{group_id}", pages.group_page, name="group"),
         Route("/trajectories/{rollout_id}", pages.trajectory_page, name="trajectory"),
+        Route(
+            "/trajectories/{rollout_id}/feedback",
+            pages.feedback_post,
+            name="feedback",
+            methods=["POST"],
+        ),
         Route("/compare/scorers", pages.compare_scorers_page, name="compare_scorers"),
         Route("/compare/runs", pages.compare_runs_page, name="compare_runs"),
         Route("/sql", pages.sql_page, name="sql", methods=["GET", "POST"]),
@@ -214,6 +225,7 @@ def create_app(
     app.state.sql_timeout = sql_timeout
     # The SQL page's form carries it; a page of another site cannot read it.
     app.state.csrf_token = secrets.token_urlsafe(32)
+    app.state.allow_feedback = allow_feedback
     app.state.queries = set()  # the user queries running now (asyncio tasks)
     return app
 

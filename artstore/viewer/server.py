@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from artstore.listening import listening_socket, socket_url
 from artstore.viewer.app import create_app
 
 DEFAULT_HOST = "127.0.0.1"
@@ -15,22 +16,13 @@ DEFAULT_PORT = 8321
 
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket on (host, port); OSError when the port is taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-        sock.listen(128)
-    except OSError:
-        sock.close()
-        raise
+    sock = listening_socket(host, port, backlog=128)
     sock.set_inheritable(True)
     return sock
 
 
 def address(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
+    return f"{socket_url(sock)}/"
 
 
 # How long a stopping viewer waits for the requests under way (its user queries are

@@ -56,17 +56,19 @@ class SqlResult:
     error: str | None = None  # why the query failed, or stopped after the rows shown
 
 
-async def refusal(request: Request) -> Response | None:
+async def refusal(request: Request, what: str = "the SQL page runs queries") -> Response | None:
     """A 403 unless the POST comes from the viewer's own page with its CSRF token (the
-    form's statement is then in `request.state.sql_statement`); nothing runs either way."""
+    form is then in `request.state.form`, its statement in `request.state.sql_statement`);
+    nothing runs either way. `what`: who refuses, in the 403's words."""
     if not _same_origin(request):
-        return _forbidden("the request comes from another site")
+        return _forbidden(what, "the request comes from another site")
     form = await _form(request)
     if form is None:
-        return PlainTextResponse("413: the form is larger than the SQL page takes", 413)
+        return PlainTextResponse("413: the form is larger than the viewer takes", 413)
     token = form.get("csrf_token", "").encode()
     if not secrets.compare_digest(token, request.app.state.csrf_token.encode()):
-        return _forbidden("the form does not carry this viewer's token (reload the page)")
+        return _forbidden(what, "the form does not carry this viewer's token (reload the page)")
+    request.state.form = form
     request.state.sql_statement = form.get("q", "").strip()
     return None
 
@@ -82,8 +84,8 @@ def _same_origin(request: Request) -> bool:
     return origin is None or origin.lower() == own
 
 
-def _forbidden(why: str) -> Response:
-    return PlainTextResponse(f"403: the SQL page runs queries from itself only: {why}", 403)
+def _forbidden(what: str, why: str) -> Response:
+    return PlainTextResponse(f"403: {what} from itself only: {why}", 403)
 
 
 async def _form(request: Request) -> dict[str, str] | None:

@@ -3,9 +3,9 @@
 The pages of docs/ run in the order of the site's navigation (mkdocs.yml), as a reader who
 follows the site pastes them; the README's blocks are copies of the pages' (checked here),
 so they run with them. Shell blocks run in bash, Python blocks are whole scripts run with
-`python`, SQL blocks run through `artstore sql`. On SQLite the blocks use the default store
-(`.artstore/artstore.db` in the directory); on PostgreSQL `ARTSTORE_URL` points them at a
-fresh database of the test.
+`python`, SQL blocks run through `artstore sql` (in the test's process). On SQLite the
+blocks use the default store (`.artstore/artstore.db` in the directory); on PostgreSQL
+`ARTSTORE_URL` points them at a fresh database of the test.
 
 Left out: blocks marked `<!-- not run: REASON -->` on the line above their fence (they
 install artstore and run this very suite, or need hosts of the reader's own), lines that
@@ -17,6 +17,7 @@ the test, so the PostgreSQL half runs on every ART.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ from pathlib import Path
 import pytest
 import yaml
 from budget import LONG
+from command_line import run_artstore
 
 from artstore.art_versions import has_pipeline_trainer
 
@@ -128,9 +130,7 @@ def run_block(block: Block, workdir: Path, env: dict[str, str]) -> subprocess.Co
         script.write_text(block.code)
         command = [sys.executable, script.name]
     elif block.language == "sql":
-        query = workdir / f"{Path(block.page).stem}_{block.line}.sql"
-        query.write_text(block.code)
-        command = ["artstore", "sql", "--format", "json", "--file", query.name]
+        return run_sql_block(block, workdir, env)
     else:
         raise AssertionError(f"{block.name}: no way to run a {block.language!r} block")
     return subprocess.run(
@@ -196,6 +196,17 @@ def test_the_pipeline_trainer_block_is_left_out_only_where_art_lacks_it():
 
 
 # As pasted, the blocks use the default store: SQLite, a reader's first run. The whole site
+def run_sql_block(block: Block, workdir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """`artstore sql --file` on the block, in this process (the command's own code, less a
+    new interpreter's start per block: the views page alone has a dozen blocks)."""
+    query = workdir / f"{Path(block.page).stem}_{block.line}.sql"
+    query.write_text(block.code)
+    args = ["sql", "--format", "json", "--file", query.name]
+    with contextlib.chdir(workdir):
+        result = run_artstore(*args, env={"ARTSTORE_URL": env.get("ARTSTORE_URL")})
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
 # again on PostgreSQL is the long budget (ARTSTORE_LONG=1): it is the suite's longest test,
 # and every command, script and view the pages show is tested on both databases elsewhere.
 PAGES_DATABASES = ["sqlite", "postgresql"] if LONG else ["sqlite"]
