@@ -65,7 +65,7 @@ def create_app(
     routes = [
         Route("/r/{token}/v1/{path:path}", proxy_with_path_token, methods=["GET", "POST"]),
         Route("/v1/{path:path}", proxy_with_header_token, methods=["GET", "POST"]),
-        Route("/api/runs/{run}/rollouts", api.start_rollout, methods=["POST"]),
+        Route("/api/runs/{run:path}/rollouts", api.start_rollout, methods=["POST"]),
         Route("/api/rollouts/{rollout_id}", api.read_rollout, methods=["GET"]),
         Route("/api/rollouts/{rollout_id}/log", api.log_lines, methods=["POST"]),
         Route("/api/rollouts/{rollout_id}/finish", api.finish_rollout, methods=["POST"]),
