@@ -193,6 +193,9 @@ async def test_a_stale_worker_is_refused_its_finish_through_the_server(
             )
         finish = f"{server.address}/api/rollouts/{mine['rollout_id']}/finish"
         auth = {"authorization": f"Bearer {mine['token']}"}
+        # An agent holds its rollout's token: it claims nothing with it.
+        agent_claim = await server.http.post(claims_url, json={"worker": "x"}, headers=auth)
+        assert agent_claim.status_code == 403, agent_claim.text
         refused = await server.http.post(finish, json={"result": "late"}, headers=auth)
         assert refused.status_code == 409 and refused.json()["error"]["code"] == "lease_lost"
 
