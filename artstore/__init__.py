@@ -50,6 +50,8 @@ _ON_A_STORE = {
     "durable_rollouts": "artstore.training.durable",
     "pipeline_trainer": "artstore.training.pipeline",
     "start_run": "artstore.training.runs",
+    # Resuming inside a rollout: tools whose results are served back.
+    "recorded_tool": "artstore.capture.tools",
     "finish_run": "artstore.training.runs",
 }
 
@@ -88,6 +90,7 @@ __all__ = [
     "open_store",
     "pipeline_trainer",
     "record_group",
+    "recorded_tool",
     "recording_backend",
     "replay",
     "rescore",

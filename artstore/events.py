@@ -150,6 +150,9 @@ class RolloutStarted(Event):
     inference_model_name: str | None = None
     inference_base_url: str | None = None
     started_at: datetime
+    # The earlier attempt (a rollout that did not finish) whose recorded calls this one
+    # replays (`artstore.capture.replay`).
+    resumes: str | None = None
 
 
 @event_type("llm.call")
@@ -204,6 +207,38 @@ class LLMCall(Event):
     art_exchange: bool = False
     art_client: str | None = None  # http: ART's `model.openai_client()` post-processed it
     supersedes: str | None = None  # call id of the `http` record of this same call
+    # A call served from an earlier attempt's record (`artstore.capture.replay`): that
+    # record's call id; every other field is the recorded call's (its output, logprobs).
+    replayed_from: str | None = None
+
+
+@event_type("llm.replay_diverged")
+class ReplayDiverged(Event):
+    """A resumed rollout's request differed from the one its earlier attempt recorded at
+    that position: that call and every later one went to the inference server."""
+
+    rollout_id: str
+    resumes: str  # the earlier attempt
+    index: int  # the position of the call that differed
+    recorded_call_id: str | None  # the earlier attempt's call there (None: a call it lacks)
+    recorded_fingerprint: str | None
+    fingerprint: str  # of the request the agent sent
+
+
+@event_type("tool.called")
+class ToolCalled(Event):
+    """A tool's result, recorded by `artstore.recorded_tool` (`artstore.capture.tools`) and
+    served back instead of running the tool again when a resumed rollout calls it the same."""
+
+    call_id: str
+    index: int  # order among the rollout's recorded tool calls
+    name: str
+    fingerprint: str  # of the name and the arguments (`artstore.capture.tools`)
+    arguments: JSONValue = None
+    result: JSONValue = None
+    error_type: str | None = None  # the tool raised: it runs again on replay
+    error_message: str | None = None
+    replayed_from: str | None = None  # a result served from the earlier attempt's record
 
 
 @event_type("rollout.finished")

@@ -130,17 +130,22 @@ class Store:
         policy_step: int | None = None,
         rollout_id: str | None = None,
         check: RolloutCheck | None = None,
+        resumes: str | None = None,
     ) -> AbstractAsyncContextManager[Rollout]:
         """Record a rollout of `model`: `async with store.rollout(model, scenario=s) as r:`.
 
         See `artstore.capture.rollout` for what is recorded and when it is durable, and
         for `check` (run in the transactions that record the rollout's start and end).
+        `resumes` names an earlier attempt that did not finish: its recorded calls are
+        served back to the agent while its requests match (`artstore.capture.replay`).
         """
         from artstore.capture.rollout import rollout, to_json_value
 
         check_model_name(model)
         check_json("scenario", to_json_value(scenario))
-        check_names(optional=True, run=run, group_id=group_id, rollout_id=rollout_id)
+        check_names(
+            optional=True, run=run, group_id=group_id, rollout_id=rollout_id, resumes=resumes
+        )
         check_whole_numbers(optional=True, scenario_index=scenario_index, policy_step=policy_step)
         check_choice("role", role, ("policy", "validation"))
         if check is not None:
@@ -156,6 +161,7 @@ class Store:
             policy_step=policy_step,
             rollout_id=rollout_id,
             check=check,
+            resumes=resumes,
         )
 
     # --- feedback -----------------------------------------------------------------------

@@ -59,10 +59,11 @@ import httpx
 
 from artstore import art_versions
 from artstore.capture import credentials, matching
+from artstore.capture import replay as replays
 from artstore.capture.targets import CallTarget, current_target
 from artstore.documents import exchanges as docs
 from artstore.errors import NoRolloutError
-from artstore.events import LLMCall, new_id
+from artstore.events import LLMCall, ReplayDiverged, new_id
 from artstore.eventstore.blobs import blob_hash, blob_json
 
 logger = logging.getLogger(__name__)
@@ -148,6 +149,9 @@ def _hook_send() -> None:
     original_async_send = httpx.AsyncClient.send
 
     def send(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        served = _replayed(request)
+        if served is not None:
+            return served
         capture = _begin(request)
         if capture is None:
             return original_send(self, request, **kwargs)
@@ -162,6 +166,9 @@ def _hook_send() -> None:
     async def async_send(
         self: httpx.AsyncClient, request: httpx.Request, **kwargs: Any
     ) -> httpx.Response:
+        served = _replayed(request)
+        if served is not None:
+            return served
         capture = _begin(request)
         if capture is None:
             return await original_async_send(self, request, **kwargs)
@@ -239,6 +246,50 @@ def _hook_response() -> None:
     httpx.Response.aiter_bytes = aiter_bytes  # type: ignore[method-assign]
     httpx.Response.close = close  # type: ignore[method-assign]
     httpx.Response.aclose = aclose  # type: ignore[method-assign]
+
+
+def _replayed(request: httpx.Request) -> httpx.Response | None:
+    """The earlier attempt's answer to `request`, when the current rollout resumes one and
+    this is the request it recorded at this position (`artstore.capture.replay`), else None:
+    send it."""
+    target = current_target()
+    if target is None or target.replay is None or target.closed or not _RECORDING.get():
+        return None
+    try:
+        return _serve(target, request)
+    except Exception as exc:  # never the agent's problem; the rollout's block raises it
+        target.capture_failed(exc)
+        return None
+
+
+def _serve(target: CallTarget, request: httpx.Request) -> httpx.Response | None:
+    replay = target.replay
+    if request.method != "POST" or replay is None or replay.live:
+        return None
+    endpoint = docs.endpoint_for_url(str(request.url))
+    if endpoint is None:
+        return None
+    try:
+        body = json.loads(request.content)
+    except (httpx.RequestNotRead, ValueError):
+        return None
+    if not isinstance(body, dict):
+        return None
+    started_at = datetime.now(UTC)
+    fingerprint = replays.request_fingerprint(replays.stored_form(body, target.redact))
+    found = replay.take(fingerprint, target.id)
+    if isinstance(found, ReplayDiverged):
+        target.submit_event(found)
+        return None
+    if found is None or found.event.endpoint != endpoint:
+        return None
+    event = replays.replayed_event(found, started_at)
+    keys = []
+    if event.stream and endpoint == "chat_completions":
+        keys = matching.keys(None, matching.answer_key_of_response(body, found.response))
+    keys = matching.keys(docs.response_id(found.response), None) + keys
+    target.submit_call(lambda: (event, {}, keys), _current_task())
+    return replays.response_for(request, found)
 
 
 def _begin(request: httpx.Request) -> _Capture | None:

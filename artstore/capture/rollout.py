@@ -46,14 +46,18 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from artstore.capture import http, matching
+from artstore.capture.replay import Replay, load_replay, message_fingerprint, replayed_event
 from artstore.capture.targets import CURRENT_ROLLOUT, CallTarget
+from artstore.capture.tools import ToolReplay
 from artstore.documents import messages as lc
 from artstore.errors import InvalidEventError, NoRolloutError, StorageFullError
 from artstore.events import (
     LLMCall,
+    ReplayDiverged,
     RolloutFailed,
     RolloutFinished,
     RolloutStarted,
+    ToolCalled,
     new_id,
 )
 from artstore.eventstore.blobs import blob_hash, blob_json, canonical_json
@@ -156,6 +160,42 @@ class Rollout(CallTarget):
         # keys (`artstore.capture.matching`); `_taken` holds those superseded already.
         self._http_calls: dict[str, list[LLMCall]] = {}
         self._taken: set[str] = set()
+        self._tool_calls = 0  # `recorded_tool` calls numbered so far
+
+    @property
+    def tool_replay(self) -> ToolReplay | None:
+        """The earlier attempt's tool results, when this rollout resumes one."""
+        return self.replay.tools if self.replay is not None else None
+
+    def number_tool_call(self, event: ToolCalled) -> ToolCalled:
+        with self.numbering:
+            index, self._tool_calls = self._tool_calls, self._tool_calls + 1
+        return event.model_copy(update={"index": index})
+
+    def served_answer(self, input: Any, tools: Sequence[Any] | None) -> AIMessage | None:
+        """For a LangChain chat model's call: the answer the earlier attempt this rollout
+        resumes recorded for it (recorded here as a copy), or None: call the model."""
+        chat = self.replay.chat if self.replay is not None else None
+        if chat is None or chat.live:
+            return None
+        messages = lc.as_messages(input)
+        dumps = [json.loads(self.redact(lc.dump_message(m))) for m in messages]
+        offered = json.loads(self.redact(blob_json(_openai_tools(tools)))) if tools else None
+        found = chat.take(message_fingerprint(dumps, offered), self.id)
+        if isinstance(found, ReplayDiverged):
+            self.submit_event(found)
+            return None
+        if found is None:
+            return None
+        event = replayed_event(found, datetime.now(UTC))
+        self.submit_call(lambda: (event, {}, []))
+        answer = lc.load_message(json.dumps(found.response))
+        assert isinstance(answer, AIMessage)
+        return answer
+
+    def stored_json(self, value: Any, what: str) -> Any:
+        """`value` as stored: JSON, secrets redacted; a clear error if it is not JSON."""
+        return self._json(value, what)
 
     @property
     def stream_id(self) -> str:
@@ -275,6 +315,15 @@ class Rollout(CallTarget):
                     self._taken.add(call.call_id)
                     return call
         return None
+
+    def submit_event(self, event: Any) -> None:
+        """Queue an event of this rollout's stream in order with its calls, from any thread."""
+        if threading.get_ident() == self._loop_thread:
+            self._queue_llm_call(event, {})
+            return
+        with self._handoffs_lock:
+            self._handoffs += 1
+        self._loop.call_soon_threadsafe(self._queue_llm_call, event, {}, True)
 
     def capture_failed(self, error: Exception) -> None:
         """A call could not be recorded: the block's exit raises it (nobody else can see it)."""
@@ -541,6 +590,7 @@ class Rollout(CallTarget):
             if self.inference_base_url
             else None,
             started_at=datetime.now(UTC),
+            resumes=self.replay.resumes if self.replay is not None else None,
         )
 
 
@@ -556,6 +606,7 @@ def open_rollout(
     policy_step: int | None = None,
     rollout_id: str | None = None,
     check: RolloutCheck | None = None,
+    replay: Replay | None = None,
 ) -> Rollout:
     """A rollout whose `rollout.started` is queued: end it with `finish()` or `fail()`.
 
@@ -572,6 +623,7 @@ def open_rollout(
     )
     # The store checks every event it writes for the model's key too, whatever made it.
     store.redact.add([recorder.inference_api_key], urls=[recorder.inference_base_url])
+    recorder.replay = replay
     started = recorder._started(
         scenario,
         run=run,
@@ -597,9 +649,17 @@ async def rollout(
     policy_step: int | None = None,
     rollout_id: str | None = None,
     check: RolloutCheck | None = None,
+    resumes: str | None = None,
 ) -> AsyncIterator[Rollout]:
-    """Record a rollout of `model` (an `art.Model`, or anything with its inference fields)."""
+    """Record a rollout of `model` (an `art.Model`, or anything with its inference fields).
+
+    `resumes`: the id of an earlier attempt that did not finish, whose recorded calls are
+    served back to the agent while its requests match them (`artstore.capture.replay`).
+    """
     http.install()  # once: OpenAI-compatible calls of the block are recorded from HTTP
+    replay = None
+    if resumes is not None:
+        replay = await load_replay(store, rollout_stream(resumes), resumes)
     recorder = open_rollout(
         store,
         model,
@@ -611,6 +671,7 @@ async def rollout(
         policy_step=policy_step,
         rollout_id=rollout_id,
         check=check,
+        replay=replay,
     )
     token = CURRENT_ROLLOUT.set(recorder)
     art_token = _install_art_logger(recorder)

@@ -55,6 +55,9 @@ class CallTarget:
         self.numbering = threading.Lock()  # calls are numbered by whatever thread records
         self._claimed_exchanges: set[int] = set()  # ART exchanges matched to a call
         self.open_calls: set[Any] = set()  # HTTP calls whose response is not complete yet
+        # The earlier attempt whose calls are served back: an `artstore.capture.replay`
+        # Replay (not imported here: that module records into targets).
+        self.replay: Any = None
 
     def submit_call(
         self,
@@ -64,6 +67,10 @@ class CallTarget:
         raise NotImplementedError
 
     def capture_failed(self, error: Exception) -> None:
+        raise NotImplementedError
+
+    def submit_event(self, event: Any) -> None:
+        """Queue another event of the target's stream, from its task or any thread."""
         raise NotImplementedError
 
     def claim_art_exchange(self, trajectory: Any, endpoint: str, response_id: str | None):

@@ -20,6 +20,9 @@ so it is recorded again as it was (nothing new written), never redone into or co
 the recording backend settles a train step the crash interrupted. So nothing finished is
 paid for twice, no trajectory is recorded twice, and no group is trained twice.
 `@art.retry` belongs on the rollout function given here: a retried rollout is then one.
+A rollout the crash interrupted is run again as a new rollout that resumes it: the calls
+it had made are served back from the store while the agent's requests match them
+(`artstore.capture.replay`; `replay_calls=False` to run it again from its first call).
 
 The scenario is the first argument that is not a model (or `scenario=` says what it is);
 it must be JSON (it is stored, and names the group with the step). A rollout function
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec
 from sqlalchemy import select
 
 from artstore.arguments import check_callable, check_name, check_store
+from artstore.capture.replay import resumable_attempts
 from artstore.capture.rollout import to_json_value
 from artstore.errors import InvalidEventError, RolloutFailedBeforeError
 from artstore.events import GroupSealed
@@ -104,6 +108,8 @@ class _DurableGroup:
         self.lock = asyncio.Lock()
         self.waiting: list[_Outcome] = []
         self.known: set[str] = set()  # handed out or rolled out by this process
+        # Attempts of an earlier process that did not finish: each is resumed once.
+        self.resumable: list[str] | None = None
         self.failed_tasks: weakref.WeakKeyDictionary[asyncio.Task, str] = (
             weakref.WeakKeyDictionary()
         )
@@ -125,6 +131,13 @@ class _DurableGroup:
                 self.failed_tasks[task] = outcome.failure
             return outcome
 
+    async def resume(self, store: Store) -> str | None:
+        """An earlier process's attempt that did not finish, for one new rollout to resume."""
+        async with self.lock:
+            if self.resumable is None:
+                self.resumable = await resumable_attempts(store, self.group_id, self.known)
+            return self.resumable.pop(0) if self.resumable else None
+
     async def _load(self, store: Store) -> None:
         seal = (await sealed_groups(store, [self.group_id])).get(self.group_id)
         if seal is None:
@@ -143,8 +156,14 @@ def durable_rollouts(
     run: str,
     scenario: Callable[P, Any] | None = None,
     key: Callable[P, Any] | None = None,
+    replay_calls: bool = True,
 ) -> Callable[P, Awaitable[art.Trajectory]]:
-    """`rollout` made durable (see the module docstring); same signature, same result."""
+    """`rollout` made durable (see the module docstring); same signature, same result.
+
+    `replay_calls`: a rollout that an earlier process started and did not finish is run
+    again as a new rollout that resumes it, its recorded calls served back to the agent
+    (`artstore.capture.replay`); False: run again from its first call.
+    """
     check_store(store)
     check_callable("rollout", rollout)
     check_name("run", run)
@@ -180,8 +199,9 @@ def durable_rollouts(
             trajectory = (await store.trajectories([finished]))[finished]
             stamp(trajectory, finished, group_id)
             return trajectory
+        resumes = await group.resume(store) if replay_calls else None
         async with store.rollout(
-            model, scenario=stored, run=run, group_id=group_id, policy_step=step
+            model, scenario=stored, run=run, group_id=group_id, policy_step=step, resumes=resumes
         ) as recorder:
             group.known.add(recorder.id)
             result = await rollout(*args, **kwargs)

@@ -1,0 +1,109 @@
+"""A deterministic tool-using agent of ten OpenAI-client calls, for the replay tests
+(tests/capture/test_replay_calls.py, tests/support/replay_crash_driver.py).
+
+Run against the LocalInferenceServer with `policy`: each call but the last asks for the
+`step` tool, which the agent runs itself; the answer quotes the last tool result.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import openai
+
+from artstore.testing.inference_server import LocalInferenceServer, ScriptedReply
+
+CALLS = 10
+STEP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "step",
+        "description": "One step of the task.",
+        "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}},
+    },
+}
+
+
+class Stopped(Exception):
+    """The first attempt ends here, as a crash would."""
+
+
+def policy(request: dict[str, Any], sample_index: int) -> ScriptedReply:
+    """A step tool until nine results are in, then an answer quoting the last one."""
+    results = [m for m in request["messages"] if m.get("role") == "tool"]
+    if len(results) < CALLS - 1:
+        return ScriptedReply(tool_calls=[("step", {"n": len(results)})])
+    return ScriptedReply(content="done: " + results[-1]["content"])
+
+
+async def agent(
+    server: LocalInferenceServer | Any,
+    *,
+    stream: bool,
+    stop_after: int | None = None,
+    changed_from: int | None = None,
+    on_answer: Callable[[int], Awaitable[None]] | None = None,
+    messages: list[Any] | None = None,
+) -> str:
+    """Ten calls to `server` (anything with its `base_url` and `api_key`); raises `Stopped`
+    after `stop_after` answers; the tool's result changes from the call `changed_from` on
+    (the request after it differs from the recorded one). `await on_answer(i)` runs once the
+    i-th answer arrived; `messages` (empty) gets the conversation."""
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
+    messages = [] if messages is None else messages
+    messages.append({"role": "user", "content": "do the task"})
+    for call in range(CALLS):
+        if stop_after is not None and call == stop_after:
+            raise Stopped
+        options: dict[str, Any] = {
+            "model": "test-model",
+            "messages": messages,
+            "tools": [STEP_TOOL],
+        }
+        if stream:
+            chunks = await client.chat.completions.create(**options, stream=True)
+            content, tool_calls = "", {}
+            async for chunk in chunks:
+                delta = chunk.choices[0].delta if chunk.choices else None
+                content += (delta.content or "") if delta else ""
+                for each in (delta.tool_calls or []) if delta else []:
+                    found = tool_calls.setdefault(each.index, {"id": "", "name": "", "args": ""})
+                    found["id"] += each.id or ""
+                    found["name"] += (each.function.name or "") if each.function else ""
+                    found["args"] += (each.function.arguments or "") if each.function else ""
+            calls = list(tool_calls.values())
+        else:
+            completion = await client.chat.completions.create(**options)
+            message = completion.choices[0].message
+            content = message.content or ""
+            calls = [
+                {"id": c.id, "name": c.function.name, "args": c.function.arguments}
+                for c in message.tool_calls or []
+            ]
+        if on_answer is not None:
+            await on_answer(call)
+        if not calls:
+            messages.append({"role": "assistant", "content": content})
+            return content
+        messages.append(
+            {
+                "role": "assistant",
+                "content": content or None,
+                "tool_calls": [
+                    {
+                        "id": c["id"],
+                        "type": "function",
+                        "function": {"name": c["name"], "arguments": c["args"]},
+                    }
+                    for c in calls
+                ],
+            }
+        )
+        for c in calls:
+            n = json.loads(c["args"])["n"]
+            changed = changed_from is not None and call >= changed_from - 1
+            result = f"step {n} {'changed' if changed else 'ok'}"
+            messages.append({"role": "tool", "tool_call_id": c["id"], "content": result})
+    raise AssertionError("the policy never answered")
