@@ -398,7 +398,7 @@ class RunImported(Event):
     validation_model: str | None = None
     scorer: str
     config: dict[str, JSONValue] = {}
-    source: Literal["parquet", "jsonl"]
+    source: Literal["parquet", "jsonl", "atif", "otlp"]
     path: str  # what was imported, as given
 
 
@@ -425,7 +425,7 @@ class TrajectoryImported(Event):
     """
 
     rollout_id: str
-    source: Literal["parquet", "jsonl"]
+    source: Literal["parquet", "jsonl", "atif", "otlp"]
     path: str
     histories: list[ImportedHistory]
     exchanges: str | None = None  # blob hash of the exchanges' JSON (None: none captured)

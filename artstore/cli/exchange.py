@@ -2,6 +2,7 @@
 
 artstore export RUN OUT_DIR --format parquet    # ART's trajectories/<split>/<step>.parquet
 artstore export RUN run.jsonl                   # lossless JSONL, one line per rollout
+artstore export RUN run.atif.jsonl --format atif  # ATIF trajectories, one per line
 artstore import .art/my-project/models/agent-001 --run agent-001-from-art
 artstore import run.jsonl --url postgresql://...
 """
@@ -22,22 +23,32 @@ from artstore.cli.shared import UrlOption, console, err_console, fail, run, say_
 class ExportFormat(StrEnum):
     parquet = "parquet"
     jsonl = "jsonl"
+    atif = "atif"
+    otlp = "otlp"
+
+
+class ImportFormat(StrEnum):
+    atif = "atif"
+    otlp = "otlp"
 
 
 RunArgument = Annotated[str, typer.Argument(metavar="RUN", help="The run to export.")]
 OutArgument = Annotated[
-    Path,
+    Path | None,
     typer.Argument(
-        metavar="OUT",
+        metavar="[OUT]",
+        show_default=False,
         help="parquet: a directory (trajectories/<split>/<step>.parquet go under it); "
-        "jsonl: a file, or - for stdout.",
+        "jsonl, atif, otlp: a file, or - for stdout (otlp: none with --otlp-endpoint).",
     ),
 ]
 ExportFormatOption = Annotated[
     ExportFormat | None,
     typer.Option(
         "--format",
-        help="parquet (ART's layout and format, readable by ART) or jsonl (lossless). "
+        help="parquet (ART's layout and format, readable by ART), jsonl (lossless) or "
+        "atif (Agent Trajectory Interchange Format, one trajectory per line) or otlp "
+        "(OpenTelemetry GenAI traces, OTLP JSON lines). "
         "Default: jsonl when OUT ends with .jsonl or is -, else parquet.",
         show_default=False,
     ),
@@ -51,6 +62,15 @@ ExportModelOption = Annotated[
     typer.Option(
         help="parquet: number the files by this trained model's steps (project/name; "
         "default: the run's own model)."
+    ),
+]
+EndpointOption = Annotated[
+    str | None,
+    typer.Option(
+        "--otlp-endpoint",
+        help="otlp: send the traces to this OTLP/HTTP endpoint "
+        "(e.g. http://localhost:6006/v1/traces) instead of, or as well as, OUT.",
+        show_default=False,
     ),
 ]
 ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite existing files.")]
@@ -73,6 +93,16 @@ ImportRunOption = Annotated[
         show_default=False,
     ),
 ]
+ImportFormatOption = Annotated[
+    ImportFormat | None,
+    typer.Option(
+        "--format",
+        help="atif: PATH is ATIF (a .jsonl of trajectories, or a .json of one); otlp: OTLP "
+        "JSON (an ExportTraceServiceRequest per line, or a .json of one). Default: "
+        "the suffix tells (.jsonl: artstore's JSONL; .parquet or a directory: ART's parquet).",
+        show_default=False,
+    ),
+]
 ImportScorerOption = Annotated[
     str, typer.Option(help="parquet: the scorer name the parquet's rewards are kept under.")
 ]
@@ -80,11 +110,12 @@ ImportScorerOption = Annotated[
 
 def export(
     run_name: RunArgument,
-    out: OutArgument,
+    out: OutArgument = None,
     format: ExportFormatOption = None,
     scorer: ExportScorerOption = None,
     model: ExportModelOption = None,
     force: ForceOption = False,
+    otlp_endpoint: EndpointOption = None,
     url: UrlOption = None,
 ) -> None:
     """Write a run to files: ART's trajectory parquet layout, or artstore's lossless JSONL.
@@ -98,18 +129,37 @@ def export(
     """
     to_stdout = str(out) == "-"
     chosen = format or (
-        ExportFormat.jsonl if to_stdout or out.suffix == ".jsonl" else ExportFormat.parquet
+        ExportFormat.otlp
+        if otlp_endpoint
+        else ExportFormat.jsonl
+        if to_stdout or (out and out.suffix == ".jsonl")
+        else ExportFormat.parquet
     )
-    if chosen is ExportFormat.jsonl and (scorer or model):
+    if chosen is not ExportFormat.parquet and (scorer or model):
         raise fail("--scorer and --model apply to --format parquet only")
+    if otlp_endpoint and chosen is not ExportFormat.otlp:
+        raise fail("--otlp-endpoint applies to --format otlp only")
+    if out is None and not otlp_endpoint:
+        raise fail("give OUT, the path to write (or --otlp-endpoint with --format otlp)")
 
     async def work() -> None:
         import artstore
-        from artstore.exchange import export_jsonl, export_parquet
+        from artstore.exchange import export_atif, export_jsonl, export_otlp, export_parquet
 
         async with await artstore.open_store(url, read_only=True) as store:
             if chosen is ExportFormat.jsonl:
-                summary = await export_jsonl(store, run_name, out, force=force)
+                summary = await export_jsonl(store, run_name, out, force=force, progress=_progress)
+            elif chosen is ExportFormat.otlp:
+                summary = await export_otlp(
+                    store,
+                    run_name,
+                    out,
+                    endpoint=otlp_endpoint,
+                    force=force,
+                    progress=_progress,
+                )
+            elif chosen is ExportFormat.atif:
+                summary = await export_atif(store, run_name, out, force=force, progress=_progress)
             else:
                 summary = await export_parquet(
                     store, run_name, out, scorer=scorer, model=model, force=force
@@ -119,22 +169,32 @@ def export(
     run(work)
 
 
+def _progress(done: int, total: int) -> None:
+    """A line on stderr per chunk of rollouts written (the export may be on stdout); a run
+    of one chunk gets only the closing line."""
+    from artstore.exchange.source import CHUNK_ROLLOUTS
+
+    if done < total or total > CHUNK_ROLLOUTS:
+        err_console.print(f"exported {done}/{total} rollouts", highlight=False)
+
+
 def _say_exported(
-    summary: Any, run_name: str, out: Path, chosen: ExportFormat, scorer: str | None
+    summary: Any, run_name: str, out: Path | None, chosen: ExportFormat, scorer: str | None
 ) -> None:
     """What was written where, and what was left out (on stderr when the rows are on stdout)."""
     # Progress and notes go to stderr: `export RUN -` writes the JSONL to stdout.
-    where = "stdout" if str(out) == "-" else out
+    where = "stdout" if str(out) == "-" else summary.path if out is None else out
     trajectories = counted(summary.trajectories, "trajectory", "trajectories")
     what = f"{trajectories} in {counted(summary.groups, 'group')}"
-    if chosen is ExportFormat.jsonl:
+    if chosen is not ExportFormat.parquet:
         err_console.print(f"wrote {what} of run {run_name!r} to {where}", highlight=False)
     else:
         from artstore.art_versions import parquet_format_version
 
         console.print(
             f"wrote {what} of run {run_name!r} to {counted(len(summary.files), 'file')} under "
-            f"{out / 'trajectories'} (ART's parquet format {parquet_format_version()})",
+            f"{Path(summary.path) / 'trajectories'} "
+            f"(ART's parquet format {parquet_format_version()})",
             highlight=False,
         )
     by = repr(scorer) if scorer else "the run's scorer"
@@ -153,6 +213,7 @@ def import_(
     path: PathArgument,
     run_name: ImportRunOption = None,
     scorer: ImportScorerOption = "imported",
+    format: ImportFormatOption = None,
     url: UrlOption = None,
 ) -> None:
     """Bring trajectories recorded elsewhere into the store, as imported rollouts.
@@ -171,7 +232,7 @@ def import_(
 
         # Read and checked whole before the store is opened: a file that cannot be
         # imported creates no store.
-        plan = read_plan(path, run=run_name, scorer=scorer)
+        plan = read_plan(path, run=run_name, scorer=scorer, format=format and format.value)
         async with await artstore.open_store(url) as store:
             summary = await write_plan(store, plan)
         _say_imported(summary, path)

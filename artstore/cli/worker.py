@@ -20,6 +20,7 @@ RunArgument = Annotated[
 KEY_ENV = "ARTSTORE_INFERENCE_API_KEY"
 VALIDATION_KEY_ENV = "ARTSTORE_VALIDATION_API_KEY"
 BASE_URL_ENV = "ARTSTORE_INFERENCE_BASE_URL"
+SERVER_TOKEN_ENV = "ARTSTORE_SERVER_TOKEN"
 
 
 AgentOption = Annotated[
@@ -76,6 +77,28 @@ WaitOption = Annotated[
 ]
 
 
+ServerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        metavar="URL",
+        help="An artstore serve to work through (claims, leases, recording) instead of a "
+        "database: this worker then needs no database URL.",
+        show_default=False,
+    ),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar=SERVER_TOKEN_ENV,
+        metavar="TOKEN",
+        help="A write token of the run, for --server.",
+        show_default=False,
+    ),
+]
+
+
 def worker(
     run_name: RunArgument,
     agent: AgentOption,
@@ -85,6 +108,8 @@ def worker(
     inference_url: InferenceUrlOption = None,
     wait: WaitOption = 60.0,
     url: UrlOption = None,
+    server: ServerOption = None,
+    token: TokenOption = None,
 ) -> None:
     """Claim rollouts of RUN from PostgreSQL, run the agent, record them, seal groups.
 
@@ -92,6 +117,8 @@ def worker(
     Slurm, SkyPilot: any scheduler that starts a process). A worker exits when the run's
     trainer finishes. The inference API key is taken from $ARTSTORE_INFERENCE_API_KEY
     ($ARTSTORE_VALIDATION_API_KEY for a validation model): keys are never stored.
+    With --server URL, the worker claims and records through an `artstore serve` and
+    holds no database credentials; its agent calls the proxy (docs/workers.md).
     """
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     options = {
@@ -100,7 +127,15 @@ def worker(
         "inference_base_url": inference_url,
         "wait_for_run_s": wait,
     }
-    summary = run(lambda: _work(run_name, agent, reward, url, options))
+    if server is not None:
+        if url:
+            raise UsageError("give --server or a database URL, not both")
+        if inference_url:
+            raise UsageError("--inference-url is the server's upstream with --server")
+        del options["inference_base_url"]
+        summary = run(lambda: _work_through(server, token, run_name, agent, reward, options))
+    else:
+        summary = run(lambda: _work(run_name, agent, reward, url, options))
     console.print(
         f"run {run_name} ({summary.run_status}): {summary.rollouts_finished} rollouts finished, "
         f"{summary.rollouts_failed} failed, {summary.groups_sealed} groups sealed, "
@@ -160,6 +195,33 @@ async def _work(
             stop=stop,
             **options,
         )
+
+
+async def _work_through(
+    server: str,
+    token: str | None,
+    run_name: str,
+    agent: str,
+    reward: str | None,
+    options: dict[str, Any],
+) -> Any:
+    """The worker through `artstore serve` at `server`, until the run's trainer finishes."""
+    from artstore.serve.remote_worker import run_remote_worker
+
+    agent_function = _agent_function(agent)
+    reward_function = load_reward_function(reward) if reward else None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    err_console.print(
+        f"worker on run {run_name} through {server}, concurrency {options['concurrency']}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return await run_remote_worker(
+        server, token, run_name, agent_function, reward_function, stop=stop, **options
+    )
 
 
 def _serves_many_machines(url: str | None) -> bool:

@@ -35,7 +35,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
@@ -75,7 +75,12 @@ FORMAT = "artstore.rollout/1"
 
 
 async def export_jsonl(
-    store: Store, run: str, out: str | Path, *, force: bool = False
+    store: Store,
+    run: str,
+    out: str | Path,
+    *,
+    force: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ExportSummary:
     """Write every finished or failed rollout of `run` as a JSONL line to `out` ("-": stdout).
 
@@ -85,7 +90,22 @@ async def export_jsonl(
     """
     if str(out) != "-" and existing_file(Path(out)) is not None and not force:
         raise FileExistsError(f"{out} exists; nothing was written (--force overwrites it)")
+    # A logprob can be -inf: written as `-Infinity`, which json reads back.
+    return await export_lines(store, run, out, to_text=json.dumps, progress=progress)
+
+
+async def export_lines(
+    store: Store,
+    run: str,
+    out: str | Path,
+    *,
+    to_text: Callable[[dict[str, Any]], str],
+    progress: Callable[[int, int], None] | None = None,
+) -> ExportSummary:
+    """Write each rollout's line (`to_text` of its JSONL record) to `out`, a chunk of
+    rollouts read at a time (constant memory), calling `progress(done, total)` per chunk."""
     outline = await load_run(store, run)
+    total = sum(len(group.rollout_ids) for group in outline.groups)
     summary = ExportSummary(run=run, path=str(out), running_rollouts=outline.skipped_running)
     info = outline.info
     run_record = {
@@ -104,11 +124,12 @@ async def export_jsonl(
             for group in chunk:
                 for rid in group.rollout_ids:
                     line = _line(run_record, group, rid, details[rid], outline.own_step(group))
-                    # A logprob can be -inf: written as `-Infinity`, which json reads back.
-                    handle.write(json.dumps(line) + "\n")
+                    handle.write(to_text(line) + "\n")
                     summary.trajectories += 1
                     summary.failed_rollouts += details[rid].failed is not None
                 summary.groups += group.group_id is not None
+            if progress is not None:
+                progress(summary.trajectories, total)
     if str(out) != "-":
         summary.files.append(str(out))
     return summary
@@ -202,7 +223,19 @@ def _history(messages_and_choices: Any, tools: Any, where: str) -> History:
     return History(items=messages_and_choices, choices=choices, trainable=choices, tools=tools)
 
 
-def read_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def read_lines(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The lines of an artstore JSONL export, each checked to be one."""
+    for where, line in read_text_lines(path):
+        if not isinstance(line, dict) or line.get("format") != FORMAT:
+            raise ExchangeFormatError(
+                f'{where}: not a line of an artstore JSONL export (no "format": '
+                f'"{FORMAT}"; write one with `artstore export RUN --format jsonl`)'
+            )
+        yield where, line
+
+
+def read_text_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """Each non-blank line of a JSON lines file, parsed, with where it is in the file."""
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
             where = f"{path}, line {number}"
@@ -219,12 +252,7 @@ def read_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 line = json.loads(text)
             except ValueError as exc:
                 raise ExchangeFormatError(f"{where}: not JSON ({exc})") from None
-            if not isinstance(line, dict) or line.get("format") != FORMAT:
-                raise ExchangeFormatError(
-                    f'{where}: not a line of an artstore JSONL export (no "format": '
-                    f'"{FORMAT}"; write one with `artstore export RUN --format jsonl`)'
-                )
-            yield number, line
+            yield where, line
 
 
 def read_jsonl(path: str | Path, *, run: str | None = None, scorer: str = "imported") -> ImportPlan:
@@ -232,13 +260,25 @@ def read_jsonl(path: str | Path, *, run: str | None = None, scorer: str = "impor
     path = Path(path)
     if not path.is_file():
         raise NotFoundError(f"{path}: no such file")
+    return plan_of_lines(path, read_lines(path), run=run, scorer=scorer, source="jsonl")
+
+
+def plan_of_lines(
+    path: Path,
+    lines: Iterable[tuple[str, dict[str, Any]]],
+    *,
+    run: str | None,
+    scorer: str,
+    source: Literal["jsonl", "atif"],
+) -> ImportPlan:
+    """The import plan of rollouts in the JSONL export's shape (each with where it is
+    in the file, for the errors); other formats (ATIF) are read into that shape."""
     source_run: dict[str, Any] | None = None
     groups: dict[str, ImportedGroup] = {}
     records: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     group_info: dict[str, dict[str, Any]] = {}
     new_id = _same
-    for number, line in read_lines(path):
-        where = f"{path}, line {number}"
+    for where, line in lines:
         _check_shape(line, where)
         _check_finite(line, where)
         try:
@@ -297,7 +337,7 @@ def read_jsonl(path: str | Path, *, run: str | None = None, scorer: str = "impor
             validation_model=source_run.get("validation_model"),
             scorer=source_run.get("scorer") or scorer,
             config=source_run.get("config") or {},
-            source="jsonl",
+            source=source,
             path=str(path),
         ),
         groups=list(groups.values()),

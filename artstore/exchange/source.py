@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from artstore.errors import NotFoundError
-from artstore.events import GroupSealed, RolloutFailed, RolloutFinished, RolloutStarted
+from artstore.events import (
+    GroupSealed,
+    LLMCall,
+    RolloutFailed,
+    RolloutFinished,
+    RolloutStarted,
+)
 from artstore.groups import sealed_groups
 from artstore.schema import tables as t
 
@@ -76,6 +82,8 @@ class RolloutDetails:
     failed: RolloutFailed | None
     rewards: list[Any]  # `rewards` rows, oldest first
     trajectory: art.Trajectory
+    # Its LLM calls in order, the ones a later record superseded left out
+    calls: list[LLMCall] = field(default_factory=list)
 
 
 async def load_run(store: Store, run: str) -> RunOutline:
@@ -177,11 +185,21 @@ async def load_rollouts(
             failed=next((e for e in events if isinstance(e, RolloutFailed)), None),
             rewards=rewards[rid],
             trajectory=trajectories[rid],
+            calls=_calls(events),
         )
     return details
 
 
-def chunks(groups: list[GroupOutline], size: int = 500) -> list[list[GroupOutline]]:
+CHUNK_ROLLOUTS = 500  # rollouts an export holds in memory at a time (about)
+
+
+def _calls(events: list[Any]) -> list[LLMCall]:
+    calls = [e for e in events if isinstance(e, LLMCall)]
+    superseded = {call.supersedes for call in calls if call.supersedes}
+    return sorted((c for c in calls if c.call_id not in superseded), key=lambda c: c.index)
+
+
+def chunks(groups: list[GroupOutline], size: int = CHUNK_ROLLOUTS) -> list[list[GroupOutline]]:
     """Consecutive groups holding about `size` rollouts together (a group is never split)."""
     found: list[list[GroupOutline]] = [[]]
     count = 0

@@ -34,9 +34,14 @@ def base_url(request: Request, token: str) -> str:
     return f"{public.rstrip('/')}/r/{token}/v1"
 
 
+def run_name(request: Request) -> str:
+    """The run the path names, checked."""
+    return _name("run", request.path_params["run"])
+
+
 async def start_rollout(request: Request) -> JSONResponse:
     app: Services = request.app.state.serve
-    run = _name("run", request.path_params["run"])
+    run = run_name(request)
     await app.access.check(request, "write", run)
     body = await read_json_object(request, app.max_body_bytes)
     served, token = await app.rollouts.start(run, body)

@@ -13,9 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from artstore.errors import ArtstoreError
+from artstore.errors import ArtstoreError, LeaseLostError
 from artstore.redaction import redact_known
-from artstore.serve import api, leases
+from artstore.serve import api, claims_api, leases
 from artstore.serve.access import ROLLOUT_TOKEN_HEADER, Access
 from artstore.serve.errors import Refused, error_response
 from artstore.serve.limits import DEFAULT_MAX_BODY_BYTES
@@ -65,18 +65,27 @@ def create_app(
     routes = [
         Route("/r/{token}/v1/{path:path}", proxy_with_path_token, methods=["GET", "POST"]),
         Route("/v1/{path:path}", proxy_with_header_token, methods=["GET", "POST"]),
-        Route("/api/runs/{run}/rollouts", api.start_rollout, methods=["POST"]),
+        Route("/api/runs/{run:path}/rollouts", api.start_rollout, methods=["POST"]),
         Route("/api/rollouts/{rollout_id}", api.read_rollout, methods=["GET"]),
         Route("/api/rollouts/{rollout_id}/log", api.log_lines, methods=["POST"]),
         Route("/api/rollouts/{rollout_id}/finish", api.finish_rollout, methods=["POST"]),
         Route("/api/rollouts/{rollout_id}/fail", api.fail_rollout, methods=["POST"]),
         Route("/api/rollouts/{rollout_id}/trajectory", api.read_trajectory, methods=["GET"]),
+        Route("/api/runs/{run:path}/claims", claims_api.claim, methods=["POST"]),
+        Route("/api/runs/{run:path}/claims/renew", claims_api.renew, methods=["POST"]),
+        Route("/api/runs/{run:path}/claims/release", claims_api.release, methods=["POST"]),
+        Route("/api/runs/{run:path}/claims/seal", claims_api.seal, methods=["POST"]),
         Route("/openapi.json", schema, methods=["GET"]),
     ]
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
-        exception_handlers={Refused: refused, ArtstoreError: failed, Exception: failed},
+        exception_handlers={
+            Refused: refused,
+            LeaseLostError: lease_lost,
+            ArtstoreError: failed,
+            Exception: failed,
+        },
     )
     app.state.serve = served
     app.state.public_url = public_url
@@ -105,6 +114,12 @@ async def schema(request: Request) -> JSONResponse:
 async def refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Refused)
     return exc.response()
+
+
+async def lease_lost(request: Request, exc: Exception) -> Response:
+    """A worker's claim expired or was taken over: the database refused its write."""
+    message = redact_known((str(exc).strip().splitlines() or ["lease lost"])[0])
+    return error_response(409, "lease_lost", message)
 
 
 async def failed(request: Request, exc: Exception) -> Response:

@@ -63,7 +63,56 @@ def _paths() -> dict[str, Any]:
             }
         },
         **_rollout_paths(finish_body),
+        **_claims_paths(),
         **_proxy_paths(),
+    }
+
+
+_RUN = {"name": "run", "in": "path", "required": True, "schema": {"type": "string"}}
+_CLAIMS = {"type": "array", "items": _JSON_OBJECT}
+
+
+def _claims_path(summary: str, body: dict[str, Any], answer: str) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "parameters": [_RUN],
+            "requestBody": _body(body),
+            "responses": {"200": _ok(answer), **_errors(400, 401, 403, 404, 409, 413)},
+        }
+    }
+
+
+def _claims_paths() -> dict[str, Any]:
+    """Rollout workers through the server (`artstore worker --server`), PostgreSQL only."""
+    lease = {"type": "number", "description": "seconds a claim lasts without a renewal"}
+    return {
+        "/api/runs/{run}/claims": _claims_path(
+            "Claim seals and rollout slots of a run for a worker",
+            {"worker": {"type": "string"}, "limit": {"type": "integer"}, "lease_s": lease},
+            "the run's status; claimed rollouts (started here, with token and base_url) "
+            "and seals (with the group's results and trajectories)",
+        ),
+        "/api/runs/{run}/claims/renew": _claims_path(
+            "Renew a worker's leases (its heartbeat)",
+            {"rollouts": _CLAIMS, "seals": _CLAIMS, "lease_s": lease},
+            "lost_rollouts, lost_seals: the claims the worker no longer holds",
+        ),
+        "/api/runs/{run}/claims/release": _claims_path(
+            "Give a claim back",
+            {"rollout": _JSON_OBJECT, "seal": _JSON_OBJECT},
+            "outcome: released, ended or lost",
+        ),
+        "/api/runs/{run}/claims/seal": _claims_path(
+            "Seal a claimed group with its worker's rewards, or fail it",
+            {
+                "seal": _JSON_OBJECT,
+                "rollout_ids": _STRINGS,
+                "rewards": {"type": "array", "items": {"type": "number"}},
+                "error": {"type": "string"},
+            },
+            "the group's status: sealed or failed",
+        ),
     }
 
 

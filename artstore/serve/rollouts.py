@@ -11,6 +11,7 @@ recorded as `rewards.recorded` of the rollout's group, before `rollout.finished`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from artstore.redaction import Redactor
 from artstore.schema import tables as t
 from artstore.serve import tokens
 from artstore.serve.errors import Refused
+from artstore.workers.claims import rollout_check
 
 if TYPE_CHECKING:
     from artstore.store import Store
@@ -53,6 +55,7 @@ class Served:
     token_hash: str
     calls: set[asyncio.Task] = field(default_factory=set)  # relayed now
     ending: bool = False
+    check: Any = None  # a worker's claim: its end is written only while the lease holds
 
 
 class Rollouts:
@@ -108,17 +111,67 @@ class Rollouts:
             role=role,
             rollout_id=rollout_id,
         )
+        return await self._serve(recorder, run, group_id, token), token
+
+    async def start_claimed(
+        self, claim: Any, settings: dict[str, Any], scenario: Any
+    ) -> tuple[Served, str]:
+        """Start the rollout of a worker's claimed slot, fenced by the claim: its start,
+        finish and failure are written only while the claim's lease holds."""
+        token = await tokens.create_token(
+            self.store,
+            run=claim.run,
+            scope="write",
+            kind="rollout",
+            rollout_id=claim.rollout_id,
+            lease_s=self.lease_s,
+        )
+        described = SimpleNamespace(
+            name=settings["name"],
+            inference_base_url=self.upstream,
+            inference_api_key=None,
+            inference_model_name=settings.get("inference_model_name") or settings["name"],
+        )
+        check = rollout_check(claim)
+        recorder = open_rollout(
+            self.store.events,
+            described,
+            scenario=scenario,
+            run=claim.run,
+            group_id=claim.group_id,
+            scenario_index=claim.scenario_index,
+            role=claim.role,
+            policy_step=claim.policy_step if claim.role == "policy" else None,
+            rollout_id=claim.rollout_id,
+            check=check,
+        )
+        return await self._serve(recorder, claim.run, claim.group_id, token, check), token
+
+    async def forget(self, rollout_id: str) -> None:
+        """Stop serving a rollout recorded as ended elsewhere (abandoned, given back)."""
+        served = self.by_id.get(rollout_id)
+        if served is not None and not served.ending:
+            served.ending = True
+            served.recorder.end_open_calls()
+            served.recorder.closed = True
+            await self._ended(served)
+
+    async def _serve(
+        self, recorder: Rollout, run: str, group_id: str, token: str, check: Any = None
+    ) -> Served:
         # Its token is cleaned from what it records, not learned by the whole process.
         recorder.redact = Redactor(own=[token])
-        served = Served(recorder, run, group_id, tokens.token_hash(token))
-        self.by_id[rollout_id] = served
+        served = Served(recorder, run, group_id, tokens.token_hash(token), check=check)
+        self.by_id[recorder.id] = served
         self.by_token[served.token_hash] = served
         try:
             await recorder.settle()  # acknowledged once `rollout.started` is stored
         except BaseException:
             self._forget(served)
+            with contextlib.suppress(Exception):  # a refused start leaves no live token
+                await tokens.end_rollout_tokens(self.store, recorder.id)
             raise
-        return served, token
+        return served
 
     def get(self, rollout_id: str) -> Served | None:
         return self.by_id.get(rollout_id)
@@ -152,9 +205,9 @@ class Rollouts:
                     group_id=served.group_id, scorer=scorer, rewards={recorder.id: reward}
                 )
                 await self.store.append(group_stream(served.group_id), [scored])
-            await recorder.finish()
+            await recorder.finish(served.check)
         except BaseException as exc:
-            await recorder.fail(exc)
+            await recorder.fail(exc, served.check)
             raise
         finally:
             await self._ended(served)
@@ -171,7 +224,9 @@ class Rollouts:
         served.recorder.logs.extend(_lines(body.get("logs")))
         await self._end(served)
         try:
-            await served.recorder.fail(AgentFailure.named(str(error_type or "AgentError"), message))
+            await served.recorder.fail(
+                AgentFailure.named(str(error_type or "AgentError"), message), served.check
+            )
         finally:
             await self._ended(served)
 
@@ -182,7 +237,9 @@ class Rollouts:
                 continue
             await self._end(served)
             try:
-                await served.recorder.fail(AgentFailure.named("ServerStopped", reason))
+                await served.recorder.fail(
+                    AgentFailure.named("ServerStopped", reason), served.check
+                )
             finally:
                 await self._ended(served)
 

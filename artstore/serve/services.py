@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from artstore.serve.access import Access
@@ -19,3 +19,4 @@ class Services:
     access: Access
     proxy: Proxy
     max_body_bytes: int
+    runs_started: dict[str, Any] = field(default_factory=dict)  # read once per run

@@ -448,10 +448,20 @@ async def record_group_with_calls(
         failed_rollout_ids=failed,
         art_group=details.add(_art_group_details(group), f"{where} metadata, metrics or logs"),
     )
-    appends.append(PendingAppend(group_stream(group_id), [scored, sealed], NO_STREAM, details))
+    appends.append(await _seal_append(store, group_id, [scored, sealed], details))
     await _append_together(store, appends)
     _stamp_group(group, trajectories, rollout_ids, group_id)
     return group_id
+
+
+async def _seal_append(
+    store: Store, group_id: str, events: list[Any], blobs: Blobs
+) -> PendingAppend:
+    """The group's rewards and seal, after what its stream holds: a group may hold rewards
+    before its seal (`artstore serve` records them as each rollout finishes). The seal
+    refuses a group that changed since it was read."""
+    head = await store.stream_version(group_stream(group_id))
+    return PendingAppend(group_stream(group_id), events, head, blobs)
 
 
 def _checked_rewards(trajectories: list[Any], where: str) -> list[float]:

@@ -203,7 +203,7 @@ class Worker:
             await claims.check_same_database(self.database, self.registered)
             self._check_models(self.registered)
             if self.reward is None:
-                self.reward = _registered_reward(self.registered)
+                self.reward = registered_reward(self.registered)
             self.started = await _run_started(self.store, self.run_name)
             log.info("worker %s: working on run %s", self.id, self.run_name)
             self._heartbeat.start(self.database.url, asyncio.get_running_loop())
@@ -591,7 +591,7 @@ async def _run_started(store: Store, run: str) -> RunStarted:
     return started
 
 
-def _registered_reward(registered: claims.RunRegistration) -> RewardFunction:
+def registered_reward(registered: claims.RunRegistration) -> RewardFunction:
     spec = registered.reward_function
     if not spec:
         raise ConfigurationError(

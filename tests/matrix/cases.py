@@ -17,7 +17,7 @@ from pathlib import Path
 from crash_points import POINTS
 from hypothesis import strategies as st
 
-AGENT_KINDS = ("openai", "openai-stream", "langgraph", "langgraph-stream")
+AGENT_KINDS = ("openai", "openai-stream", "langgraph", "langgraph-stream", "langgraph-checkpointed")
 
 FAILURES = (
     "none",
@@ -72,9 +72,25 @@ class Case:
         )
 
 
-def failures_for(agent: str) -> tuple[str, ...]:
+# Failures that do not apply to agents recorded by `artstore serve`: its agent is an HTTP
+# client outside ART (no `@art.retry` around it), and its groups are rolled out until
+# full, not gathered by `gather_trajectory_groups` (no `max_exceptions` to exceed).
+NOT_SERVED = ("art-retry", "max-exceptions")
+
+
+def failures_for(pattern: str, agent: str) -> tuple[str, ...]:
     """ART's LangGraph chat model takes no client options: no timeout can be set on it."""
-    return tuple(f for f in FAILURES if not (f == "timeout" and agent.startswith("langgraph")))
+    return tuple(
+        f
+        for f in FAILURES
+        if not (f == "timeout" and agent.startswith("langgraph"))
+        and not (pattern == "serve" and f in NOT_SERVED)
+    )
+
+
+def points_for(pattern: str) -> tuple[str, ...]:
+    """The crash points a pattern reaches: `stream` (mid-stream) only the served agents."""
+    return tuple(p for p in POINTS if p != "stream" or pattern == "serve")
 
 
 def cases(patterns: dict[str, tuple[str, ...]], database: str) -> st.SearchStrategy[Case]:
@@ -84,12 +100,13 @@ def cases(patterns: dict[str, tuple[str, ...]], database: str) -> st.SearchStrat
     def draw(draw: st.DrawFn) -> Case:
         pattern = draw(st.sampled_from(sorted(patterns)))
         agent = draw(st.sampled_from(patterns[pattern]))
-        kill = st.tuples(st.sampled_from(POINTS), st.integers(min_value=1, max_value=6))
+        points = st.sampled_from(points_for(pattern))
+        kill = st.tuples(points, st.integers(min_value=1, max_value=6))
         kills = draw(st.lists(kill, max_size=MAX_KILLS))
         return Case(
             pattern=pattern,
             agent=agent,
-            failure=draw(st.sampled_from(failures_for(agent))),
+            failure=draw(st.sampled_from(failures_for(pattern, agent))),
             kills=tuple(f"{point}:{nth}" for point, nth in kills),
             database=database,
         )

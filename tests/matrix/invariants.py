@@ -22,6 +22,9 @@ from artstore.schema import tables as t
 from matrix.child import ACKS, REQUESTS
 from matrix.harness import Outcome
 from matrix.patterns import MODEL_NAME, PROJECT, RUN
+from matrix.served import ROLLOUT_TOKENS
+
+TOKEN_PREFIX = "ast_rollout_"  # every rollout token's (artstore/serve/tokens.py)
 
 NONCE = re.compile(r"Answer ([0-9a-f]{32})")
 
@@ -155,6 +158,17 @@ async def no_credential_stored(store: Any, url: str, secret: str, folder: Path) 
     assert not leaks, f"the inference API key is readable in: {leaks}"
 
 
+async def no_rollout_token_stored(store: Any, url: str, workdir: Path) -> None:
+    """No rollout token `artstore serve` handed out (each names its rollout in the agent's
+    base URL) is readable anywhere the API key is looked for: none is, by its prefix."""
+    if not (workdir / ROLLOUT_TOKENS).exists():
+        return
+    folder = workdir / "token-leaks"
+    folder.mkdir(exist_ok=True)
+    leaks = await places_holding(store, url, RUN, TOKEN_PREFIX, folder, quick=True)
+    assert not leaks, f"a rollout token is readable in: {leaks}"
+
+
 async def broken(store: Any, url: str, workdir: Path, outcome: Outcome, secret: str) -> list[str]:
     """Every invariant the case broke, one line each: [] when it kept them all."""
     checks: dict[str, Awaitable[None]] = {
@@ -166,6 +180,7 @@ async def broken(store: Any, url: str, workdir: Path, outcome: Outcome, secret: 
             store, workdir, outcome
         ),
         "credential stored": no_credential_stored(store, url, secret, workdir / "leaks"),
+        "rollout token stored": no_rollout_token_stored(store, url, workdir),
     }
     found = []
     for name, check in checks.items():

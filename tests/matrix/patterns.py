@@ -142,8 +142,9 @@ async def openai_agent(context: Context, model: Any, scenario: dict[str, Any]) -
     return art.Trajectory(messages_and_choices=[*question(scenario), choice], reward=reward)
 
 
-def graph() -> Any:
-    """A LangGraph ReAct graph on ART's chat model (the server never asks for the tool)."""
+def graph(checkpointer: Any = None) -> Any:
+    """A LangGraph ReAct graph on ART's chat model (the server never asks for the tool),
+    compiled with `checkpointer` when given."""
     from art.langgraph import init_chat_model
     from training_helpers import lookup
 
@@ -151,18 +152,34 @@ def graph() -> Any:
         warnings.simplefilter("ignore")
         from langgraph.prebuilt import create_react_agent
 
-        return create_react_agent(init_chat_model().bind_tools([lookup]), [lookup])
+        model = init_chat_model().bind_tools([lookup])
+        return create_react_agent(model, [lookup], checkpointer=checkpointer)
+
+
+def checkpointed(context: Context) -> tuple[Any, dict[str, Any]]:
+    """The graph and its config: `langgraph-checkpointed` compiles it with artstore's
+    checkpointer, on a thread of its own per rollout (its checkpoint events are then part
+    of what a killed child leaves behind)."""
+    if context.case.agent != "langgraph-checkpointed":
+        return graph(), {}
+    import uuid
+
+    from artstore.langgraph import checkpointer
+
+    thread = {"configurable": {"thread_id": f"matrix-{uuid.uuid4().hex}"}}
+    return graph(checkpointer(context.store)), thread
 
 
 async def langgraph_answer(context: Context, scenario: dict[str, Any]) -> str:
     """Run the graph (streamed: `astream` in `messages` mode) and return its answer."""
     messages = {"messages": [("user", scenario["question"])]}
+    agent, config = checkpointed(context)
     if context.streamed:
         answer = ""
-        async for message, _ in graph().astream(messages, stream_mode="messages"):
+        async for message, _ in agent.astream(messages, config, stream_mode="messages"):
             answer += str(message.content)
     else:
-        answer = (await graph().ainvoke(messages))["messages"][-1].content
+        answer = (await agent.ainvoke(messages, config))["messages"][-1].content
     context.faults.after_call()
     await context.reach_rollout(scenario)
     return answer
@@ -358,8 +375,17 @@ def _has_pipeline_trainer(database: str) -> bool:
     return has_pipeline_trainer()
 
 
-OPENAI, LANGGRAPH = ("openai", "openai-stream"), ("langgraph", "langgraph-stream")
+async def serve(context: Context) -> None:
+    """Agents recorded by `artstore serve` (tests/matrix/served.py)."""
+    from matrix.served import serve
+
+    await serve(context)
+
+
+OPENAI = ("openai", "openai-stream")
+LANGGRAPH = ("langgraph", "langgraph-stream", "langgraph-checkpointed")
 PATTERNS: dict[str, Pattern] = {
+    "serve": Pattern(serve, OPENAI),
     "user-loop": Pattern(user_loop, OPENAI),
     "record-group": Pattern(record_group_loop, OPENAI),
     "langgraph-loop": Pattern(langgraph_loop, LANGGRAPH),

@@ -47,6 +47,7 @@ POINTS = (
     "before-reconciled",
     "after-reconciled",
     "append",
+    "stream",  # the matrix's served agents: a streamed answer's chunk arrived (mid-stream)
 )
 
 

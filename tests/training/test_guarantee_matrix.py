@@ -3,8 +3,10 @@
 Hypothesis draws cases (tests/matrix/cases.py): a pattern (`TrainingFramework`, the docs'
 loop of `recording_backend` + `durable_rollouts` + `group_recorder` with
 `gather_trajectory_groups`, the same with `record_group`, LangGraph agents under
-`wrap_rollout`, `pipeline_trainer` on ART >= 0.5.20, workers on PostgreSQL), an agent
-kind (ART's OpenAI client or a LangGraph graph on ART's chat model, streamed or not), a
+`wrap_rollout`, `pipeline_trainer` on ART >= 0.5.20, workers on PostgreSQL, agents
+recorded by `artstore serve`), an agent kind (ART's OpenAI client, a plain one through
+serve's proxy, or a LangGraph graph on ART's chat model, streamed or not, or compiled
+with artstore's checkpointer), a
 failure (the agent raises, an LLM request gets HTTP 500 or times out, `@art.retry`
 retries, `max_exceptions` is exceeded, the reward function raises) and up to two kills
 (`POINT:N`, SIGKILL at the Nth arrival at a crash point tests/support/crash_points.py declares,
@@ -17,7 +19,7 @@ then every invariant of tests/matrix/invariants.py is checked:
 - projections equal a rebuild from the events;
 - the LLM calls recorded are the calls the inference server received, each once;
 - the inference API key (which the model also spells out) is nowhere: database, blobs,
-  exports, viewer pages, command output.
+  exports, viewer pages, command output; nor is a rollout token of `artstore serve`.
 
 Budget: `ARTSTORE_MATRIX=ci` (the default) runs the cases of `ci_cases` (a test each) and
 one drawn case per database, the same in every run (derandomized, no shrinking);
@@ -39,7 +41,10 @@ messages and times):
   database='sqlite');
 - calls of rollouts cancelled when `max_exceptions` is exceeded went unrecorded (fixed
   with item 6), drawn in 126 s: Case(pattern='user-loop', agent='openai',
-  failure='max-exceptions', kills=(), database='sqlite').
+  failure='max-exceptions', kills=(), database='sqlite');
+- `artstore serve` refused runs named `project/model`, and served groups (rewards recorded
+  at each rollout's finish) could not be sealed by `record_group`: the serve CI case, in
+  its first run (tests/serve/test_serve_training.py).
 """
 
 from __future__ import annotations
@@ -105,8 +110,9 @@ async def run_and_check(case: Case, processes: Any, url: str, workdir: Path, key
 
 def ci_cases() -> list[Case]:
     """The cases every CI run checks, each a test of its own: each pattern once, with
-    another failure and kill, the databases taking turns; among them the cases that found
-    issue 24's items 1, 6 and 8 (docs/guarantees.md). A pattern this ART lacks is left
+    another failure and kill, the databases taking turns, and each new path once on
+    SQLite (the cheaper); among them the cases that found issue 24's items 1, 6 and 8
+    (docs/guarantees.md). A pattern this ART lacks is left
     out, not skipped."""
     chosen = [
         # item 1: a rollout of a group failed, the process died between gathering and training
@@ -117,6 +123,10 @@ def ci_cases() -> list[Case]:
         Case("record-group", "openai-stream", "art-retry", ("sealed:1", "append:3"), "sqlite"),
         # item 8: PipelineTrainer's calls
         Case("pipeline-trainer", "openai", "timeout", (), "postgresql"),
+        # artstore serve: a plain OpenAI client through the proxy, killed mid-stream
+        Case("serve", "openai-stream", "http-error", ("stream:2",), "sqlite"),
+        # LangGraph checkpoints in the event log, a child killed after an append
+        Case("langgraph-loop", "langgraph-checkpointed", "agent-raises", ("append:9",), "sqlite"),
     ]
     return [case for case in chosen if case.pattern in available_patterns(case.database)]
 
