@@ -8,8 +8,10 @@ for the same conversation (its trajectory, call for call).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -113,12 +115,26 @@ async def test_curl_whole_and_streamed_and_models(served: Served) -> None:
     assert json.loads(output)["json"]["prompt_token_ids"] == whole["prompt_token_ids"]
 
 
+def node_packages_installed() -> None:
+    """`npm ci` in tests/serve/node once (the `openai` package as package-lock.json pins
+    it), so that the suite needs no step besides the README's two commands. Test
+    processes racing for it take a lock; the one that holds it installs, the others find
+    the package there."""
+    folder = NODE_AGENT.parent
+    with open(folder / ".npm-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "node_modules" / "openai" / "package.json").is_file():
+            npm = shutil.which("npm")
+            assert npm is not None, "npm is needed (Node.js v20 or later)"
+            subprocess.run(
+                [npm, "ci", "--no-audit", "--no-fund", "--silent"], cwd=folder, check=True
+            )
+
+
 async def test_a_node_agent_with_the_official_openai_package(served: Served) -> None:
     node = shutil.which("node")
     assert node is not None, "Node.js is needed (v20 or later)"
-    assert (NODE_AGENT.parent / "node_modules" / "openai").is_dir(), (
-        "run `npm ci --prefix tests/serve/node` first (.ci/run does)"
-    )
+    await asyncio.to_thread(node_packages_installed)
     rollouts = []
     for mode in ("whole", "stream"):
         started = await served.start("r", scenario={"mode": mode})
