@@ -144,6 +144,15 @@ def empty_database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterat
     yield from _fresh_postgres_database()
 
 
+@pytest.fixture
+def other_database_url(database_url: str, tmp_path: Path) -> Iterator[str]:
+    """A second database of the kind `database_url` is, that artstore never touched."""
+    if database_url.startswith("sqlite"):
+        yield f"sqlite:///{tmp_path / 'other.db'}"
+        return
+    yield from _fresh_postgres_database()
+
+
 @pytest.fixture(params=["postgresql"])
 def empty_postgres_url() -> Iterator[str]:
     """An empty PostgreSQL database that artstore never touched."""

@@ -24,7 +24,6 @@ from test_export_import import (
     assert_same_trajectory,
     cli,
     one_line,
-    other_database_url,  # noqa: F401 (a fixture)
     rows,
 )
 
@@ -36,7 +35,7 @@ IDS = ["g0-a", "g0-b", "g0-v", "g1-a", "g1-x"]
 
 def test_atif_export_loads_in_atifs_models_and_imports_back_the_same(
     database_url: str,
-    other_database_url: str,  # noqa: F811
+    other_database_url: str,
     tmp_path: Path,
 ):
     asyncio.run(_record(database_url))

@@ -188,21 +188,6 @@ async def record_run(store) -> list[str]:
     return ["g0-a", "g0-b", "g0-v", "g1-a", "g1-x"]
 
 
-@pytest.fixture
-def other_database_url(database_url: str, tmp_path: Path):
-    """A second empty database of the same kind as `database_url`."""
-    if database_url.startswith("sqlite"):
-        yield f"sqlite:///{tmp_path / 'other.db'}"
-        return
-    from conftest import _create_postgres_database, _drop_postgres_database, _postgres_admin_url
-
-    conninfo, url = _create_postgres_database(_postgres_admin_url())
-    try:
-        yield url
-    finally:
-        _drop_postgres_database(conninfo, url)
-
-
 @pytest.fixture(autouse=True)
 def no_wandb(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)  # model.log stays offline

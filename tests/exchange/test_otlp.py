@@ -31,7 +31,6 @@ from test_export_import import (
     _record,
     cli,
     one_line,
-    other_database_url,  # noqa: F401 (a fixture)
     rows,
 )
 
@@ -102,7 +101,7 @@ class Receiver(BaseHTTPRequestHandler):
 
 def test_otlp_export_is_genai_traces_sent_alike_and_imports_back(
     database_url: str,
-    other_database_url: str,  # noqa: F811
+    other_database_url: str,
     tmp_path: Path,
 ):
     asyncio.run(_record(database_url))
