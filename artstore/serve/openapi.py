@@ -55,9 +55,7 @@ def _paths() -> dict[str, Any]:
         "/api/runs/{run}/rollouts": {
             "post": {
                 "summary": "Start a rollout in a run",
-                "parameters": [
-                    {"name": "run", "in": "path", "required": True, "schema": {"type": "string"}}
-                ],
+                "parameters": [_RUN],
                 "requestBody": _body(start_body, ["model"]),
                 "responses": {"201": _ok("started", started), **_errors(400, 401, 403, 413)},
             }
@@ -68,7 +66,15 @@ def _paths() -> dict[str, Any]:
     }
 
 
-_RUN = {"name": "run", "in": "path", "required": True, "schema": {"type": "string"}}
+# A run's name may hold `/` (`project/model`, as TrainingFramework names runs): the route
+# takes the rest of the path up to the last segment, and `%2F` works too.
+_RUN = {
+    "name": "run",
+    "in": "path",
+    "required": True,
+    "description": "the run's name; it may contain '/' (e.g. project/model), as is or as %2F",
+    "schema": {"type": "string"},
+}
 _CLAIMS = {"type": "array", "items": _JSON_OBJECT}
 
 
