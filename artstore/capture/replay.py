@@ -241,7 +241,7 @@ def response_for(request: httpx.Request, recorded: RecordedCall) -> httpx.Respon
 
 
 async def resumable_attempts(store: EventStore, group_id: str, skip: set[str]) -> list[str]:
-    """The attempts of `group_id` that did not finish and that no other rollout resumes,
+    """The attempts of `group_id` left running and that no other rollout resumes,
     newest first (an attempt that resumed another holds the calls of both), `skip` left out.
 
     For a caller that runs a group's rollouts again after its process died: an attempt
@@ -263,8 +263,10 @@ async def resumable_attempts(store: EventStore, group_id: str, skip: set[str]) -
     for row in rows:  # each stream's first event: its `rollout.started`
         started = await store.read_stream(f"rollout-{row.rollout_id}", 1, limit=1)
         resumed |= {event.data.get("resumes") for event in started}
+    # Only an attempt left running (its process died): one that failed (the agent raised,
+    # a call timed out) is run again afresh, as a retry is meant to, never replayed.
     return [
         row.rollout_id
         for row in rows
-        if row.status != "finished" and row.rollout_id not in resumed | skip
+        if row.status == "running" and row.rollout_id not in resumed | skip
     ]

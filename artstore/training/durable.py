@@ -156,13 +156,14 @@ def durable_rollouts(
     run: str,
     scenario: Callable[P, Any] | None = None,
     key: Callable[P, Any] | None = None,
-    replay_calls: bool = True,
+    replay_calls: bool = False,
 ) -> Callable[P, Awaitable[art.Trajectory]]:
     """`rollout` made durable (see the module docstring); same signature, same result.
 
-    `replay_calls`: a rollout that an earlier process started and did not finish is run
-    again as a new rollout that resumes it, its recorded calls served back to the agent
-    (`artstore.capture.replay`); False: run again from its first call.
+    `replay_calls=True`: a rollout that an earlier process started and left running (it
+    died) is run again as a new rollout that resumes it, its recorded calls served back to
+    the agent (`artstore.capture.replay`). Opt-in until the guarantee matrix draws it: its
+    first long run found served copies counted as calls the server never received.
     """
     check_store(store)
     check_callable("rollout", rollout)

@@ -56,7 +56,7 @@ async def main(url: str, workdir: Path, base_url: str, api_key: str, kill_at: in
     )
     store = await artstore.open_store(url)
     try:
-        durable = artstore.durable_rollouts(store, rollout, run="replay")
+        durable = artstore.durable_rollouts(store, rollout, run="replay", replay_calls=True)
         trajectory = await durable(model, "the task")
         rollout_id = trajectory.metadata["artstore_rollout_id"]
         (workdir / "result.json").write_text(
