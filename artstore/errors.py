@@ -135,6 +135,10 @@ class ReadOnlyStoreError(ArtstoreError):
     """The store was opened read-only (`open_store(url, read_only=True)`): it cannot record."""
 
 
+class CallAbandonedError(ArtstoreError):
+    """An LLM call was still waiting for its response when its rollout ended."""
+
+
 class StoreClosedError(ArtstoreError):
     """The store was closed; open a new one."""
 

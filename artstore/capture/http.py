@@ -322,7 +322,10 @@ def _capture_for(rollout: CallTarget | None, request: httpx.Request) -> _Capture
         return None  # a streamed or non-JSON request body: not an API call we know
     if not isinstance(body, dict):
         return None
-    return _Capture(rollout, endpoint, body)
+    capture = _Capture(rollout, endpoint, body)
+    with rollout.numbering:  # open until its response is whole (`finish`)
+        rollout.open_calls.add(capture)
+    return capture
 
 
 def _current_task() -> asyncio.Task | None:
