@@ -151,6 +151,8 @@ def _hook_send() -> None:
     def send(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
         served = _replayed(request)
         if served is not None:
+            if not kwargs.get("stream"):  # as httpx does: a response not streamed is read
+                served.read()
             return served
         capture = _begin(request)
         if capture is None:
@@ -168,6 +170,8 @@ def _hook_send() -> None:
     ) -> httpx.Response:
         served = _replayed(request)
         if served is not None:
+            if not kwargs.get("stream"):
+                await served.aread()
             return served
         capture = _begin(request)
         if capture is None:

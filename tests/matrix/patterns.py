@@ -236,7 +236,7 @@ async def gathering_loop(context: Context, rollout: Any, record: str) -> None:
     await backend.close()
 
 
-def durable_openai_rollout(context: Context, replay_calls: bool = False) -> Any:
+def durable_openai_rollout(context: Context, replay_calls: bool = True) -> Any:
     import artstore
 
     async def rollout(model: Any, scenario: dict[str, Any]) -> Any:
@@ -252,10 +252,10 @@ async def user_loop(context: Context) -> None:
     await gathering_loop(context, durable_openai_rollout(context), "after_each")
 
 
-async def user_loop_replay(context: Context) -> None:
-    """The docs' loop with `durable_rollouts(replay_calls=True)`: a rollout a killed child
-    left running is resumed, its recorded calls served back instead of paid for again."""
-    await gathering_loop(context, durable_openai_rollout(context, replay_calls=True), "after_each")
+async def user_loop_live(context: Context) -> None:
+    """The docs' loop with `durable_rollouts(replay_calls=False)`: a rollout a killed child
+    left running is rolled out again from its first call."""
+    await gathering_loop(context, durable_openai_rollout(context, replay_calls=False), "after_each")
 
 
 async def record_group_loop(context: Context) -> None:
@@ -395,7 +395,7 @@ LANGGRAPH = ("langgraph", "langgraph-stream", "langgraph-checkpointed")
 PATTERNS: dict[str, Pattern] = {
     "serve": Pattern(serve, OPENAI),
     "user-loop": Pattern(user_loop, OPENAI),
-    "user-loop-replay": Pattern(user_loop_replay, OPENAI),
+    "user-loop-live": Pattern(user_loop_live, OPENAI),
     "record-group": Pattern(record_group_loop, OPENAI),
     "langgraph-loop": Pattern(langgraph_loop, LANGGRAPH),
     "training-framework": Pattern(training_framework, OPENAI + LANGGRAPH),
