@@ -398,6 +398,7 @@ class Rollout(CallTarget):
         if same is not None:  # recorded from HTTP already: this record replaces it
             fields["supersedes"] = same.call_id
             fields["stream"], fields["art_exchange"] = same.stream, same.art_exchange
+            fields["replayed_from"] = same.replayed_from  # served from a record: a copy still
             if started_at is None and latency_s is None:
                 fields["started_at"], fields["latency_s"] = same.started_at, same.latency_s
         if error is not None:
