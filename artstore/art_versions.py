@@ -34,8 +34,12 @@ from functools import cache
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
-from artstore.art_api import art_module, trainable_model_class, trajectory_class
-from artstore.art_api import trajectory_exchanges_class as exchanges_class
+from artstore.art_api import (
+    art_module,
+    trainable_model_class,
+    trajectory_class,
+    trajectory_exchanges_class,
+)
 from artstore.errors import ArtVersionError
 
 if TYPE_CHECKING:
@@ -134,7 +138,7 @@ def exchanges_problem(data: Any) -> str | None:
         from pydantic import ValidationError
 
         try:
-            exchanges_class().model_validate(data)
+            trajectory_exchanges_class().model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
@@ -157,7 +161,7 @@ def trajectory_exchanges(data: Any, where: str) -> Any:
             f"ART {'.'.join(map(str, art_version()))} cannot represent: they are stored whole; "
             "read this trajectory with openpipe-art >= 0.5.20 (Python >= 3.12)"
         )
-    return exchanges_class().model_validate(data)
+    return trajectory_exchanges_class().model_validate(data)
 
 
 def rewards_have_zero_variance(rewards: list[float]) -> bool:
@@ -241,7 +245,7 @@ def build_exchange(
 ) -> Any:
     """ART's own exchange for a request and the response body it got (ART >= 0.5.20)."""
     return art_module("trajectories._protocols").build_exchange(
-        endpoint,  # type: ignore[arg-type]
+        endpoint,
         request,
         body,
         start_time=start_time,
@@ -254,7 +258,7 @@ def exchange_trajectory(exchanges: list[Any], **fields: Any) -> art.Trajectory:
     grouped: dict[str, list[Any]] = {endpoint: [] for endpoint in EXCHANGE_ENDPOINTS}
     for endpoint, exchange in exchanges:
         grouped[endpoint].append(exchange)
-    return trajectory_class()(exchanges=exchanges_class()(**grouped), **fields)
+    return trajectory_class()(exchanges=trajectory_exchanges_class()(**grouped), **fields)
 
 
 # --- ART's `model.openai_client()` ------------------------------------------------------------
@@ -290,7 +294,7 @@ def mark_art_client_calls(marker: contextvars.ContextVar[str | None]) -> None:
 def art_client_postprocess(completion: Any, mode: str, request_model: Any) -> None:
     """What ART's `model.openai_client()` does to a chat completion before returning it."""
     attach_metadata = art_module("model")._attach_response_art_metadata
-    attach_metadata(completion, None, mode, request_model)  # type: ignore[arg-type]
+    attach_metadata(completion, None, mode, request_model)
 
 
 # --- training exchange trajectories (CheckOnlyBackend) -----------------------------------------
@@ -339,7 +343,7 @@ def check_exchange_trajectory(
         )
         tokenized, _ = tokenize._tokenize_trajectory_with_trace(
             trajectory, model=selected, tokenizer=_NoTokenizer()
-        )  # type: ignore[arg-type]
+        )
     except _TokenizerNeeded:
         return (
             "its exchanges need local tokenization; exchange training requires exact "

@@ -204,7 +204,7 @@ def chat_completion(
             if isinstance(data, dict):
                 chunks.append(construct_type(type_=ChatCompletionChunk, value=data))
         stream = _Chunks(chunks, require_policy_spans=art_client == "require")
-        return art_module("openai").consume_sync_chat_completion_stream(stream)  # type: ignore[arg-type]
+        return art_module("openai").consume_sync_chat_completion_stream(stream)
     completion = construct_type(type_=ChatCompletion, value=document["json"])
     if art_client is not None:
         art_client_postprocess(completion, art_client, request_model)
