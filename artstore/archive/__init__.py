@@ -83,9 +83,7 @@ async def archive_run(
         blob_hashes=frozenset(b["hash"] for b in blobs),
     )
 
-    removed = await store.events.write_transaction(
-        lambda c: remove_run(c, run, archived, on_step)
-    )
+    removed = await store.events.write_transaction(lambda c: remove_run(c, run, archived, on_step))
     on_step("committed")
     return ArchiveSummary(run, location, sha, len(events), len(blobs), removed)
 
@@ -116,8 +114,7 @@ def _read_run(connection: Any, run: str) -> tuple[tuple[str, ...], list[dict], l
     members = run_members(connection, run)
     if not members.streams:
         raise ArchiveError(
-            f"no run {run!r} in the database (archived already? `artstore restore` brings "
-            "one back)"
+            f"no run {run!r} in the database (archived already? `artstore restore` brings one back)"
         )
     refuse_unarchivable(connection, members)
     events = [row._asdict() for row in event_rows(connection, members.streams)]

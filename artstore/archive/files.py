@@ -160,11 +160,13 @@ def read_archive(target: str, run: str) -> Archive:
         data = fs.cat_file(f"{where}/{file['name']}")
         if hashlib.sha256(data).hexdigest() != file["sha256"] or len(data) != file["bytes"]:
             raise ArchiveError(f"{where}/{file['name']} does not match its checksum")
-        rows = pq.read_table(io.BytesIO(data), schema=SCHEMAS[file["kind"]]).to_pylist()
-        if len(rows) != file["rows"] or content_digest(file["kind"], rows) != file["content_sha256"]:
+        kind = file["kind"]
+        rows = pq.read_table(io.BytesIO(data), schema=SCHEMAS[kind]).to_pylist()
+        if len(rows) != file["rows"] or content_digest(kind, rows) != file["content_sha256"]:
             raise ArchiveError(f"{where}/{file['name']} does not read back as written")
-        found[file["kind"]].extend(rows)
-    if len(found["events"]) != manifest["num_events"] or len(found["blobs"]) != manifest["num_blobs"]:
+        found[kind].extend(rows)
+    counts = (len(found["events"]), len(found["blobs"]))
+    if counts != (manifest["num_events"], manifest["num_blobs"]):
         raise ArchiveError(f"the archive of {run!r} misses files its manifest counts")
     return Archive(manifest, hashlib.sha256(text).hexdigest(), found["events"], found["blobs"])
 

@@ -58,9 +58,7 @@ class Archived:
 def refuse_unarchivable(connection: Connection, members: RunMembers) -> None:
     """Refuse a run still being written, or whose groups another run's steps trained on
     (their train steps' numbers are made of this run's rewards)."""
-    status = connection.execute(
-        select(t.runs.c.status).where(t.runs.c.run == members.run)
-    ).scalar()
+    status = connection.execute(select(t.runs.c.status).where(t.runs.c.run == members.run)).scalar()
     if status == "running":
         raise ArchiveError(f"run {members.run!r} is running: archive it once it has ended")
     steps, named = t.train_steps, t.train_step_groups

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import (
     AsyncIterator,
     Awaitable,
+    Callable,
     Collection,
     Iterable,
     Iterator,
