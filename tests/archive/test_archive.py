@@ -174,11 +174,19 @@ async def test_no_query_can_take_a_permit_or_delete_and_no_ordinary_statement_de
     assert await event_count(store, "rollout-") > 0
 
 
-def test_the_commands_archive_and_restore_a_run(recorded_url: str, tmp_path: Path):
+def test_the_commands_archive_restore_and_query_an_archived_run(recorded_url: str, tmp_path):
     target = str(tmp_path / "archive")
+    question = "SELECT run, status, num_rollouts, num_groups, last_step FROM v_runs"
+    asked = run_artstore("sql", question, "--format", "csv", "--url", recorded_url)
+    assert asked.exit_code == 0 and RUN in asked.stdout
     archived = run_artstore("archive", RUN, "--to", target, "--url", recorded_url)
     assert archived.exit_code == 0, archived.stderr
     assert f"archived run {RUN} to {target}" in archived.stdout
+    empty = run_artstore("sql", question, "--format", "csv", "--url", recorded_url)
+    assert empty.stdout.splitlines() == asked.stdout.splitlines()[:1]  # the header alone
+    answered = run_artstore("sql", question, "--format", "csv", "--archived", target)
+    assert answered.exit_code == 0, answered.stderr
+    assert answered.stdout == asked.stdout  # the same views over the archive
     again = run_artstore("archive", RUN, "--to", target, "--url", recorded_url)
     assert again.exit_code == 1 and "archived already" in again.stderr
     restored = run_artstore(
