@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from artstore.archive.files import read_archive, utc, write_archive
+from artstore.archive.files import read_archive, remove_unnamed, utc, write_archive
 from artstore.archive.hot_tables import Archived, refuse_unarchivable, remove_run
 from artstore.archive.hot_tables import restore_run as restore_rows
 from artstore.archive.members import (
@@ -85,6 +85,7 @@ async def archive_run(
 
     removed = await store.events.write_transaction(lambda c: remove_run(c, run, archived, on_step))
     on_step("committed")
+    await asyncio.to_thread(remove_unnamed, target, run, sha)
     return ArchiveSummary(run, location, sha, len(events), len(blobs), removed)
 
 

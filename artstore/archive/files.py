@@ -10,10 +10,14 @@ The files hold the rows in a shorter form that reads back as the rows themselves
 without its hash and size (its text's SHA-256 and its body's length), payloads with blob
 hashes and repeated ids as places (`compact.py`). The manifest names every file with its
 row count, size and SHA-256, and a digest of the rows' content as stored, with the
-artstore version and schema revision that wrote it. A directory
-without a manifest is no archive: an archive killed while writing leaves none, and one
-being written again removes the old manifest first. On a local disk each file is written
-under a temporary name, synced and renamed; an object store's PUT is whole or absent.
+artstore version and schema revision that wrote it.
+
+The folder always holds a whole archive or none: a directory without a manifest is no
+archive; an archive written again writes files of its own (named after the attempt) and
+replaces the manifest last, in one piece, and the files no manifest names (an earlier
+archive's, or those of a write that was killed) are removed once the new archive is
+committed. On a local disk each file is written under a temporary name, synced and
+renamed; an object store's PUT is whole or absent.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -109,11 +114,10 @@ def write_archive(
     `step(name)` is called after each file is written ("segment"), after the manifest
     ("manifest") and after the check ("verified")."""
     fs, where = run_location(target, run)
-    if fs.exists(where):
-        if fs.exists(f"{where}/{MANIFEST}"):
-            fs.rm(f"{where}/{MANIFEST}")  # first: never a manifest over files half-written
-        fs.rm(where, recursive=True)
     fs.makedirs(where, exist_ok=True)
+    # Files of this write's own: an archive written before stays whole (its manifest, its
+    # files) until this one's manifest replaces it.
+    attempt = secrets.token_hex(4)
     files = []
     shortener = Shortener({blob["hash"]: number for number, blob in enumerate(blobs)})
     for kind, rows, cut in (
@@ -121,7 +125,7 @@ def write_archive(
         ("blobs", blobs, _by_bytes(BLOB_BYTES_PER_SEGMENT)),
     ):
         for number, segment in enumerate(cut(rows)):
-            name = f"{kind}-{number:05d}.parquet"
+            name = f"{kind}-{attempt}-{number:05d}.parquet"
             data = _parquet(kind, segment, shortener)
             _put(fs, f"{where}/{name}", data)
             files.append(
@@ -152,6 +156,19 @@ def write_archive(
         raise ArchiveError(f"the archive of {run!r} read back differs from what was written")
     step("verified")
     return archive.manifest_sha256
+
+
+def remove_unnamed(target: str, run: str, manifest_sha256: str) -> None:
+    """Remove the files of `run`'s folder that its manifest does not name (an earlier
+    archive's, or a write's that was killed), if the manifest is still `manifest_sha256`."""
+    fs, where = run_location(target, run)
+    text = fs.cat_file(f"{where}/{MANIFEST}")
+    if hashlib.sha256(text).hexdigest() != manifest_sha256:
+        return  # another archive of the run replaced it meanwhile: its files are named there
+    named = {MANIFEST, *(file["name"] for file in orjson.loads(text)["files"])}
+    for path in fs.ls(where, detail=False):
+        if path.rstrip("/").rsplit("/", 1)[-1] not in named:
+            fs.rm(path)
 
 
 def read_archive(target: str, run: str) -> Archive:

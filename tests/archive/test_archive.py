@@ -123,6 +123,13 @@ async def test_an_archived_run_comes_back_as_stored_and_projected_as_a_rebuild(
     with pytest.raises(ArchiveError, match="is in the database"):
         await restore_run(store, RUN, target)
 
+    # Archived again: a new archive replaces the first, whose files are removed.
+    again = await archive_run(store, RUN, target)
+    fs, where = run_location(target, RUN)
+    named = {"manifest.json", *(f["name"] for f in read_archive(target, RUN).manifest["files"])}
+    assert {path.rsplit("/", 1)[-1] for path in fs.ls(where, detail=False)} == named
+    assert again.manifest_sha256 != archived.manifest_sha256 and again.num_events == len(events)
+
 
 async def test_a_damaged_archive_or_a_running_run_is_refused_and_nothing_changes(
     store, tmp_path: Path
@@ -131,7 +138,10 @@ async def test_a_damaged_archive_or_a_running_run_is_refused_and_nothing_changes
     target = str(tmp_path / "archive")
     await archive_run(store, RUN, target)
     fs, where = run_location(target, RUN)
-    segment = Path(where) / "events-00000.parquet"
+    (events_file,) = [
+        f for f in read_archive(target, RUN).manifest["files"] if f["kind"] == "events"
+    ]
+    segment = Path(where) / events_file["name"]
     damaged = bytearray(segment.read_bytes())
     damaged[len(damaged) // 2] ^= 0xFF
     segment.write_bytes(bytes(damaged))
