@@ -60,7 +60,10 @@ def refuse_unarchivable(connection: Connection, members: RunMembers) -> None:
     (their train steps' numbers are made of this run's rewards)."""
     status = connection.execute(select(t.runs.c.status).where(t.runs.c.run == members.run)).scalar()
     if status == "running":
-        raise ArchiveError(f"run {members.run!r} is running: archive it once it has ended")
+        raise ArchiveError(
+            f"run {members.run!r} is running (or its trainer died: resume it to end it); "
+            "archive it once it has ended"
+        )
     steps, named = t.train_steps, t.train_step_groups
     for batch in chunks(members.group_ids):
         other = connection.execute(
