@@ -60,6 +60,7 @@ import httpx
 from artstore import art_versions
 from artstore.capture import credentials, matching
 from artstore.capture import replay as replays
+from artstore.capture.replay import RecordedCall
 from artstore.capture.targets import CallTarget, current_target
 from artstore.documents import exchanges as docs
 from artstore.errors import NoRolloutError
@@ -279,6 +280,19 @@ def _serve(target: CallTarget, request: httpx.Request) -> httpx.Response | None:
         return None
     if not isinstance(body, dict):
         return None
+    served = serve_recorded(target, endpoint, body)
+    return replays.response_for(request, served[0]) if served is not None else None
+
+
+def serve_recorded(
+    target: CallTarget, endpoint: str, body: dict[str, Any]
+) -> tuple[RecordedCall, asyncio.Future | None] | None:
+    """The recorded call to answer `body` with, when `target` resumes an earlier attempt
+    and this is the request that attempt recorded at this position, with the append of
+    its copy (queued here); else None: send the request (a divergence is recorded)."""
+    replay = target.replay
+    if replay is None or replay.live:
+        return None
     started_at = datetime.now(UTC)
     fingerprint = replays.request_fingerprint(replays.stored_form(body, target.redact))
     found = replay.take(fingerprint, target.id)
@@ -292,8 +306,7 @@ def _serve(target: CallTarget, request: httpx.Request) -> httpx.Response | None:
     if event.stream and endpoint == "chat_completions":
         keys = matching.keys(None, matching.answer_key_of_response(body, found.response))
     keys = matching.keys(docs.response_id(found.response), None) + keys
-    target.submit_call(lambda: (event, {}, keys), _current_task())
-    return replays.response_for(request, found)
+    return found, target.submit_call(lambda: (event, {}, keys), _current_task())
 
 
 def _begin(request: httpx.Request) -> _Capture | None:

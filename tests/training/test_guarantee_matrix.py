@@ -148,12 +148,13 @@ def test_a_pattern_failing_and_killed_keeps_every_invariant(
 
 def replay_cases() -> list[Case]:
     """Rollouts killed after their LLM call (the `rollout` point: a sibling of the group
-    finished), resumed from their record: by `durable_rollouts`, streamed and not, and by
-    `TrainingFramework`."""
+    finished), resumed from their record: by `durable_rollouts`, streamed and not, by
+    `TrainingFramework`, and through `artstore serve` (a new rollout that `resumes` it)."""
     return [
         Case("user-loop", "openai", "http-error", ("rollout:1",), "postgresql"),
         Case("user-loop", "openai-stream", "none", ("rollout:1", "rollout:1"), "sqlite"),
         Case("training-framework", "langgraph", "none", ("rollout:1",), "sqlite"),
+        Case("serve", "openai-stream", "none", ("rollout:1",), "postgresql"),
     ]
 
 
