@@ -143,10 +143,14 @@ class Rollouts:
         return await load_replay(self.store.events, rollout_stream(resumes), resumes)
 
     async def start_claimed(
-        self, claim: Any, settings: dict[str, Any], scenario: Any
+        self, claim: Any, settings: dict[str, Any], scenario: Any, resumes: str | None = None
     ) -> tuple[Served, str]:
         """Start the rollout of a worker's claimed slot, fenced by the claim: its start,
-        finish and failure are written only while the claim's lease holds."""
+        finish and failure are written only while the claim's lease holds. `resumes`: the
+        slot's earlier rollout, abandoned, whose recorded answers are served back."""
+        replay = None
+        if resumes is not None:
+            replay = await load_replay(self.store.events, rollout_stream(resumes), resumes)
         token = await tokens.create_token(
             self.store,
             run=claim.run,
@@ -173,6 +177,7 @@ class Rollouts:
             policy_step=claim.policy_step if claim.role == "policy" else None,
             rollout_id=claim.rollout_id,
             check=check,
+            replay=replay,
         )
         return await self._serve(recorder, claim.run, claim.group_id, token, check), token
 
