@@ -152,9 +152,7 @@ def _hook_send() -> None:
     def send(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
         served = _replayed(request)
         if served is not None:
-            if not kwargs.get("stream"):  # as httpx does: a response not streamed is read
-                served.read()
-            return served
+            return original_send(_answering(served), request, **kwargs)
         capture = _begin(request)
         if capture is None:
             return original_send(self, request, **kwargs)
@@ -171,9 +169,7 @@ def _hook_send() -> None:
     ) -> httpx.Response:
         served = _replayed(request)
         if served is not None:
-            if not kwargs.get("stream"):
-                await served.aread()
-            return served
+            return await original_async_send(_answering_async(served), request, **kwargs)
         capture = _begin(request)
         if capture is None:
             return await original_async_send(self, request, **kwargs)
@@ -187,6 +183,17 @@ def _hook_send() -> None:
 
     httpx.Client.send = send  # type: ignore[method-assign]
     httpx.AsyncClient.send = async_send  # type: ignore[method-assign]
+
+
+# A served answer goes through the `send` beneath artstore's hook, as a sent request does,
+# on a client whose transport hands back the record: ART's own capture (hooked there, on
+# ART >= 0.5.20) puts it in `Trajectory.exchanges`, and httpx reads it unless streamed.
+def _answering(served: httpx.Response) -> httpx.Client:
+    return httpx.Client(transport=httpx.MockTransport(lambda _: served))
+
+
+def _answering_async(served: httpx.Response) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.MockTransport(lambda _: served))
 
 
 def _hook_response() -> None:
@@ -302,6 +309,8 @@ def serve_recorded(
     if found is None or found.event.endpoint != endpoint:
         return None
     event = replays.replayed_event(found, started_at)
+    if art_versions.art_capture_target() is not None:  # ART captures it as it is served
+        event = event.model_copy(update={"art_exchange": True})
     keys = []
     if event.stream and endpoint == "chat_completions":
         keys = matching.keys(None, matching.answer_key_of_response(body, found.response))
