@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 WEATHER_TOOL = {
@@ -62,13 +61,3 @@ async def _ask(client: Any, messages: list[dict[str, Any]], stream: bool) -> dic
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     return message
-
-
-_IDS = re.compile(r"(call_[0-9a-f]{24}|chatcmpl-[0-9a-f]{32})")
-
-
-def without_ids(value: Any) -> Any:
-    """`value` as JSON with the ids and times the upstream makes anew for each call
-    replaced: two runs of one conversation differ in those alone."""
-    text = _IDS.sub("ID", json.dumps(value, sort_keys=True, default=str))
-    return re.sub(r'"created": \d+', '"created": 0', text)

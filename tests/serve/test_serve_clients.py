@@ -18,8 +18,9 @@ from typing import Any
 
 import openai
 import pytest
-from agents import WEATHER_TOOL, python_agent, without_ids
+from agents import WEATHER_TOOL, python_agent
 from serving import Served
+from upstream_ids import without_ids
 
 from artstore.testing.inference_server import LocalInferenceServer
 

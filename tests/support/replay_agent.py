@@ -30,12 +30,19 @@ class Stopped(Exception):
     """The first attempt ends here, as a crash would."""
 
 
-def policy(request: dict[str, Any], sample_index: int) -> ScriptedReply:
-    """A step tool until nine results are in, then an answer quoting the last one."""
-    results = [m for m in request["messages"] if m.get("role") == "tool"]
-    if len(results) < CALLS - 1:
-        return ScriptedReply(tool_calls=[("step", {"n": len(results)})])
-    return ScriptedReply(content="done: " + results[-1]["content"])
+def policy_of(calls: int) -> Callable[[dict[str, Any], int], ScriptedReply]:
+    """A step tool until `calls - 1` results are in, then an answer quoting the last one."""
+
+    def policy(request: dict[str, Any], sample_index: int) -> ScriptedReply:
+        results = [m for m in request["messages"] if m.get("role") == "tool"]
+        if len(results) < calls - 1:
+            return ScriptedReply(tool_calls=[("step", {"n": len(results)})])
+        return ScriptedReply(content="done: " + results[-1]["content"])
+
+    return policy
+
+
+policy = policy_of(CALLS)
 
 
 async def agent(
@@ -46,15 +53,17 @@ async def agent(
     changed_from: int | None = None,
     on_answer: Callable[[int], Awaitable[None]] | None = None,
     messages: list[Any] | None = None,
+    num_calls: int = CALLS,
 ) -> str:
-    """Ten calls to `server` (anything with its `base_url` and `api_key`); raises `Stopped`
+    """`num_calls` calls to `server` (anything with its `base_url` and `api_key`, answered by
+    `policy_of(num_calls)`); raises `Stopped`
     after `stop_after` answers; the tool's result changes from the call `changed_from` on
     (the request after it differs from the recorded one). `await on_answer(i)` runs once the
     i-th answer arrived; `messages` (empty) gets the conversation."""
     client = openai.AsyncOpenAI(base_url=server.base_url, api_key=server.api_key)
     messages = [] if messages is None else messages
     messages.append({"role": "user", "content": "do the task"})
-    for call in range(CALLS):
+    for call in range(num_calls):
         if stop_after is not None and call == stop_after:
             raise Stopped
         options: dict[str, Any] = {

@@ -1,11 +1,13 @@
-"""A durable rollout of the replay agent that SIGKILLs itself after its Nth answer, once.
+"""A durable rollout of the replay agent that SIGKILLs itself after chosen answers, once each.
 
-    python tests/support/replay_crash_driver.py DATABASE_URL WORKDIR BASE_URL API_KEY KILL_AT
+    python tests/support/replay_crash_driver.py DATABASE_URL WORKDIR BASE_URL API_KEY KILLS CALLS
 
-Run it again and again until it exits 0: the first run kills itself (writing
-WORKDIR/killed first) once the answer of call KILL_AT arrived and was committed; a later
-run resumes the rollout through `artstore.durable_rollouts` and writes WORKDIR/result.json
-(the rollout id, its answer). The inference server (the test's) counts the calls.
+KILLS is a comma-separated list of call numbers, in order (a number may repeat). Run it
+again and again until it exits 0: run i kills itself (writing WORKDIR/killed-i first) once
+the answer of call KILLS[i] arrived (a call served back from the record counts: the agent
+sees it arrive) and was committed; a later run resumes the rollout through
+`artstore.durable_rollouts`, and the last writes WORKDIR/result.json (the rollout id, its
+answer). The agent makes CALLS calls; the inference server (the test's) counts them.
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ import artstore
 from artstore.capture.rollout import current_rollout
 
 
-async def main(url: str, workdir: Path, base_url: str, api_key: str, kill_at: int) -> None:
+async def main(
+    url: str, workdir: Path, base_url: str, api_key: str, kills: list[int], calls: int
+) -> None:
     import art
 
     server = SimpleNamespace(base_url=base_url, api_key=api_key)
-    killed = workdir / "killed"
+
+    armed = next((i for i in range(len(kills)) if not (workdir / f"killed-{i}").exists()), None)
 
     async def on_answer(call: int) -> None:
-        if call == kill_at and not killed.exists():
+        if armed is not None and call == kills[armed]:
+            killed = workdir / f"killed-{armed}"
             # Killed once the calls so far are committed: a call still on its way to the
             # database when a process dies is not recorded, and goes to the server again.
             await current_rollout().settle()
@@ -42,7 +48,9 @@ async def main(url: str, workdir: Path, base_url: str, api_key: str, kill_at: in
 
     async def rollout(model: art.Model, scenario: str) -> art.Trajectory:
         messages: list = []
-        answer = await agent(server, stream=True, on_answer=on_answer, messages=messages)
+        answer = await agent(
+            server, stream=True, on_answer=on_answer, messages=messages, num_calls=calls
+        )
         return art.Trajectory(
             messages_and_choices=messages, reward=0.0, metadata={"answer": answer}
         )
@@ -56,7 +64,7 @@ async def main(url: str, workdir: Path, base_url: str, api_key: str, kill_at: in
     )
     store = await artstore.open_store(url)
     try:
-        durable = artstore.durable_rollouts(store, rollout, run="replay", replay_calls=True)
+        durable = artstore.durable_rollouts(store, rollout, run="replay")
         trajectory = await durable(model, "the task")
         rollout_id = trajectory.metadata["artstore_rollout_id"]
         (workdir / "result.json").write_text(
@@ -67,5 +75,6 @@ async def main(url: str, workdir: Path, base_url: str, api_key: str, kill_at: in
 
 
 if __name__ == "__main__":
-    database_url, workdir, base_url, api_key, kill_at = sys.argv[1:]
-    asyncio.run(main(database_url, Path(workdir), base_url, api_key, int(kill_at)))
+    database_url, workdir, base_url, api_key, kills, calls = sys.argv[1:]
+    at = [int(n) for n in kills.split(",") if n]
+    asyncio.run(main(database_url, Path(workdir), base_url, api_key, at, int(calls)))
