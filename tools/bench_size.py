@@ -232,8 +232,10 @@ async def main(argv: Sequence[str] | None = None) -> int:
     run = corpus.Corpus(args.rollouts, args.seed)
     place = Place(args.postgres_url)
     one, five, _ = os.getloadavg()
-    print(f"bench_size: {args.rollouts:,} rollouts of tools/corpus.py (seed {args.seed}); "
-          f"load average {one:.2f} / {five:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"bench_size: {args.rollouts:,} rollouts of tools/corpus.py (seed {args.seed}); "
+        f"load average {one:.2f} / {five:.2f} on {os.cpu_count()} CPUs"
+    )
     try:
         urls = {}
         for database in args.databases:

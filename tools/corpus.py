@@ -61,8 +61,6 @@ from typing import Any
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
 
 from artstore.documents import messages as lc
-from artstore.eventstore import blob_hash
-from artstore.eventstore.blobs import canonical_json
 from artstore.events import (
     Event,
     GroupSealed,
@@ -76,6 +74,8 @@ from artstore.events import (
     TrainStepCompleted,
     TrainStepStarted,
 )
+from artstore.eventstore import blob_hash
+from artstore.eventstore.blobs import canonical_json
 from artstore.groups import group_id_for
 
 PROJECT = "corpus"
@@ -135,10 +135,13 @@ class Words:
         return " ".join(self.draw(count))
 
     def text_of_bytes(self, size: int) -> str:
-        """Sentences of Zipf words, about `size` bytes (words average ~6.5 with a space)."""
-        words = self.draw(max(1, size // 7))
-        lines = [" ".join(words[i : i + 12]) + "." for i in range(0, len(words), 12)]
-        return "\n".join(lines)
+        """Lines of 12 Zipf words each, cut at exactly `size` bytes (ASCII)."""
+        text = ""
+        while len(text) < size:
+            words = self.draw(max(12, (size - len(text)) // 4))
+            lines = [" ".join(words[i : i + 12]) + "." for i in range(0, len(words), 12)]
+            text += "\n".join(lines) + "\n"
+        return text[:size]
 
 
 def _word(rank: int) -> str:
@@ -166,7 +169,9 @@ def _logprobs(words: Words, tokens: list[str]) -> list[dict[str, Any]]:
         below = chosen
         top = []
         for alternative in alternatives:
-            top.append({"token": alternative, "logprob": below, "bytes": list(alternative.encode())})
+            top.append(
+                {"token": alternative, "logprob": below, "bytes": list(alternative.encode())}
+            )
             below = _float32(below - rng.expovariate(1 / 1.5))
         entries.append(
             {
@@ -195,9 +200,7 @@ class Scenario:
 
 def _scenario(words: Words, index: int) -> Scenario:
     rng = words.rng
-    documents = [
-        words.text_of_bytes(_tool_output_size(rng)) for _ in range(DOCUMENTS_PER_SCENARIO)
-    ]
+    documents = [words.text_of_bytes(_tool_output_size(rng)) for _ in range(DOCUMENTS_PER_SCENARIO)]
     question = words.text(rng.randint(8, 30)) + "?"
     return Scenario(index, question, words.text(rng.randint(1, 4)), documents)
 
@@ -340,7 +343,11 @@ def _conversation(words: Words, attempt: _Attempt, fails: bool) -> Append:
     while turn < calls and turn != stop_at:
         prompt += rng.randint(20, 60)
         failed = rng.random() < CALL_FAILURE_RATE
-        call = _failure(rng, prompt) if failed else _answer(words, attempt.scenario, turn == calls - 1, prompt)
+        call = (
+            _failure(rng, prompt)
+            if failed
+            else _answer(words, attempt.scenario, turn == calls - 1, prompt)
+        )
         events.append(_llm_call(rng, attempt, blobs, history, call, index, at))
         at += call.latency_s + 0.05
         index += 1
@@ -427,27 +434,35 @@ def _finished(
     attempt: _Attempt, last: BaseMessage, at: float, metrics: dict[str, Any]
 ) -> RolloutFinished:
     return RolloutFinished(
-        rollout_id=attempt.rollout_id, result={"answer": last.content}, duration_s=at, metrics=metrics
+        rollout_id=attempt.rollout_id,
+        result={"answer": last.content},
+        duration_s=at,
+        metrics=metrics,
     )
 
 
 class Corpus:
-    """A run of `rollouts` policy rollouts, generated step by step from `seed`."""
+    """A run of `rollouts` policy rollouts, generated step by step from `seed`.
 
-    def __init__(self, rollouts: int, seed: int = 29) -> None:
-        if rollouts <= 0 or rollouts % ROLLOUTS_PER_STEP:
-            raise ValueError(f"rollouts must be a positive multiple of {ROLLOUTS_PER_STEP}")
+    `groups`: groups per train step (25, as bench_queries.py; tests take fewer).
+    """
+
+    def __init__(self, rollouts: int, seed: int = 29, groups: int = GROUPS_PER_STEP) -> None:
+        per_step = groups * GROUP_SIZE
+        if groups <= 0 or rollouts <= 0 or rollouts % per_step:
+            raise ValueError(f"rollouts must be a positive multiple of {per_step}")
         self.rollouts = rollouts
         self.seed = seed
+        self.groups = groups
 
     @property
     def num_steps(self) -> int:
-        return self.rollouts // ROLLOUTS_PER_STEP
+        return self.rollouts // (self.groups * GROUP_SIZE)
 
     def steps(self) -> Iterator[list[Append]]:
         """Each step's appends in order; the first holds `run.started`, the last `run.finished`."""
         words = Words(random.Random(self.seed))
-        scenarios = [_scenario(words, index) for index in range(GROUPS_PER_STEP)]
+        scenarios = [_scenario(words, index) for index in range(self.groups)]
         tools_text = canonical_json(_tools())
         tools = blob_hash(tools_text)
         for step in range(self.num_steps):
@@ -467,16 +482,14 @@ class Corpus:
             project=PROJECT,
             model=MODEL,
             base_model="Qwen/Qwen2.5-7B-Instruct",
-            config={"groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE},
+            config={"groups_per_step": self.groups, "group_size": GROUP_SIZE},
             scenarios=[{"question": s.question, "answer": s.answer} for s in scenarios],
             scorer=SCORER,
             trainer="corpus-host:1",
         )
         return Append(f"run-{RUN}", [started], {tools: tools_text})
 
-    def _step(
-        self, words: Words, step: int, scenarios: list[Scenario], tools: str
-    ) -> list[Append]:
+    def _step(self, words: Words, step: int, scenarios: list[Scenario], tools: str) -> list[Append]:
         rng = words.rng
         appends: list[Append] = []
         group_ids = []
