@@ -22,23 +22,25 @@ artstore supports two lines of `openpipe-art` 0.5, and every other module has on
   exceptions only).
 
 Nothing here imports `art` at module import: the version comes from the package metadata,
-and ART's classes are imported when a function asks for them.
+and ART's classes and modules come from `artstore.art_api` when a function asks for them.
 """
 
 from __future__ import annotations
 
 import contextvars
 import math
-import os
 from datetime import datetime
 from functools import cache
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
+from artstore.art_api import (
+    art_module,
+    trainable_model_class,
+    trajectory_class,
+    trajectory_exchanges_class,
+)
 from artstore.errors import ArtVersionError
-
-# LiteLLM (imported by ART) fetches a price map from the network at import unless told not to.
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 if TYPE_CHECKING:
     import art
@@ -94,13 +96,11 @@ def model_key(model: Any) -> str:
 
 def trainable_model(*, name: str, project: str, base_model: str, **fields: Any):
     """An `art.TrainableModel`, with `run_name` (default: `name`) where ART has it."""
-    import art
-
     if has_exchanges():
         fields.setdefault("run_name", name)
     else:
         fields.pop("run_name", None)
-    return art.TrainableModel(name=name, project=project, base_model=base_model, **fields)
+    return trainable_model_class()(name=name, project=project, base_model=base_model, **fields)
 
 
 # --- trajectories -------------------------------------------------------------------------
@@ -108,8 +108,7 @@ def trainable_model(*, name: str, project: str, base_model: str, **fields: Any):
 
 def history_class() -> type:
     """The class of `Trajectory.additional_histories` items (`LegacyHistory` on new ART)."""
-    import art.trajectories as trajectories
-
+    trajectories = art_module("trajectories")
     return getattr(trajectories, "LegacyHistory", None) or trajectories.History
 
 
@@ -136,11 +135,10 @@ def exchanges_problem(data: Any) -> str | None:
         kinds = ", ".join(EXCHANGE_KINDS)
         return f"holds {', '.join(map(repr, unknown))}; ART's exchanges are {kinds}"
     if has_exchanges():
-        from art.trajectories import TrajectoryExchanges
         from pydantic import ValidationError
 
         try:
-            TrajectoryExchanges.model_validate(data)
+            trajectory_exchanges_class().model_validate(data)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
@@ -163,9 +161,7 @@ def trajectory_exchanges(data: Any, where: str) -> Any:
             f"ART {'.'.join(map(str, art_version()))} cannot represent: they are stored whole; "
             "read this trajectory with openpipe-art >= 0.5.20 (Python >= 3.12)"
         )
-    from art.trajectories import TrajectoryExchanges
-
-    return TrajectoryExchanges.model_validate(data)
+    return trajectory_exchanges_class().model_validate(data)
 
 
 def rewards_have_zero_variance(rewards: list[float]) -> bool:
@@ -225,9 +221,7 @@ def install_art_capture() -> None:
     response complete, ART's have already put it in the trajectory it captures into.
     """
     if has_exchanges():
-        from art.trajectories._capture import install
-
-        install()
+        art_module("trajectories._capture").install()
 
 
 def art_capture_target() -> Any:
@@ -238,9 +232,7 @@ def art_capture_target() -> Any:
     """
     if not has_exchanges():
         return None
-    from art.trajectories import current_trajectory
-
-    return current_trajectory()
+    return art_module("trajectories").current_trajectory()
 
 
 def captured_exchanges(trajectory: Any, endpoint: str) -> list[Any]:
@@ -252,10 +244,8 @@ def build_exchange(
     endpoint: str, request: dict[str, Any], body: bytes, *, start_time: datetime, end_time: datetime
 ) -> Any:
     """ART's own exchange for a request and the response body it got (ART >= 0.5.20)."""
-    from art.trajectories._protocols import build_exchange as art_build_exchange
-
-    return art_build_exchange(
-        endpoint,  # type: ignore[arg-type]
+    return art_module("trajectories._protocols").build_exchange(
+        endpoint,
         request,
         body,
         start_time=start_time,
@@ -265,12 +255,10 @@ def build_exchange(
 
 def exchange_trajectory(exchanges: list[Any], **fields: Any) -> art.Trajectory:
     """An `art.Trajectory` holding `exchanges` (and no legacy histories)."""
-    from art.trajectories import Trajectory, TrajectoryExchanges
-
     grouped: dict[str, list[Any]] = {endpoint: [] for endpoint in EXCHANGE_ENDPOINTS}
     for endpoint, exchange in exchanges:
         grouped[endpoint].append(exchange)
-    return Trajectory(exchanges=TrajectoryExchanges(**grouped), **fields)
+    return trajectory_class()(exchanges=trajectory_exchanges_class()(**grouped), **fields)
 
 
 # --- ART's `model.openai_client()` ------------------------------------------------------------
@@ -287,9 +275,7 @@ def mark_art_client_calls(marker: contextvars.ContextVar[str | None]) -> None:
     """
     if not has_exchanges():
         return
-    from art import model as art_model
-
-    proxy = art_model._OpenAIChatCompletionsProxy
+    proxy = art_module("model")._OpenAIChatCompletionsProxy
     if getattr(proxy.create, "_artstore_marks", False):
         return
     original = proxy.create
@@ -307,9 +293,8 @@ def mark_art_client_calls(marker: contextvars.ContextVar[str | None]) -> None:
 
 def art_client_postprocess(completion: Any, mode: str, request_model: Any) -> None:
     """What ART's `model.openai_client()` does to a chat completion before returning it."""
-    from art.model import _attach_response_art_metadata
-
-    _attach_response_art_metadata(completion, None, mode, request_model)  # type: ignore[arg-type]
+    attach_metadata = art_module("model")._attach_response_art_metadata
+    attach_metadata(completion, None, mode, request_model)
 
 
 # --- training exchange trajectories (CheckOnlyBackend) -----------------------------------------
@@ -347,23 +332,18 @@ def check_exchange_trajectory(
     problem, as ART refuses it), and the first occurrence of each sampled token is
     trainable and must carry a logprob.
     """
-    from art.trajectories import TokenFlag, _FirstOccurrenceTrie
-    from art.trajectories._selection import (
-        automatic_training_model_selector,
-        resolve_training_model,
-    )
-    from art.trajectories._tokenize import (
-        _require_causal_predecessor,
-        _tokenize_trajectory_with_trace,
-    )
+    trajectories = art_module("trajectories")
+    selection = art_module("trajectories._selection")
+    tokenize = art_module("trajectories._tokenize")
+    TokenFlag = trajectories.TokenFlag
 
     try:
-        selected = resolve_training_model(
-            trajectory, automatic_training_model_selector(inference_name)
+        selected = selection.resolve_training_model(
+            trajectory, selection.automatic_training_model_selector(inference_name)
         )
-        tokenized, _ = _tokenize_trajectory_with_trace(
+        tokenized, _ = tokenize._tokenize_trajectory_with_trace(
             trajectory, model=selected, tokenizer=_NoTokenizer()
-        )  # type: ignore[arg-type]
+        )
     except _TokenizerNeeded:
         return (
             "its exchanges need local tokenization; exchange training requires exact "
@@ -374,14 +354,14 @@ def check_exchange_trajectory(
         return f"its exchanges cannot be tokenized: {exc!r}", 0
     if any(not flag & TokenFlag.EXACT for h in tokenized.histories for flag in h.flags):
         return "exchange training requires exact inference-provided token ids", 0
-    occurrences = _FirstOccurrenceTrie()
+    occurrences = trajectories._FirstOccurrenceTrie()
     tokens = 0
     for history in tokenized.histories:
         trainable = occurrences.mask(
             history.model, history.tokens, history.flags, where=TokenFlag.SAMPLED
         )
         try:
-            _require_causal_predecessor(trainable)
+            tokenize._require_causal_predecessor(trainable)
         except ValueError as exc:
             return str(exc), 0
         if not allow_training_without_logprobs and any(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from artstore.art_api import pydantic_exception_class, trajectory_group_class
 from artstore.capture.rollout import rollout_stream, to_json_value
 from artstore.errors import NotFoundError, RewardFunctionError
 from artstore.events import GroupSealed, RewardsRecorded, RolloutFailed
@@ -222,9 +223,6 @@ async def load_groups(
     scenario index as metadata. Every trajectory says which rollout and group it is
     (`artstore_rollout_id`, `artstore_group_id` in its metadata), and so does the group.
     """
-    import art
-    from art.trajectories import PydanticException
-
     sealed = await sealed_groups(store, group_ids)
     missing = [g for g in group_ids if g not in sealed]
     if missing:
@@ -249,20 +247,20 @@ async def load_groups(
             trajectory.metadata.update(artstore_rollout_id=rollout_id, artstore_group_id=group_id)
         if event.art_group:
             details = bodies[event.art_group]
-            group = art.TrajectoryGroup(
+            group = trajectory_group_class()(
                 members,
                 metadata={**details["metadata"], "artstore_group_id": group_id},
                 metrics=details["metrics"],
                 logs=details["logs"],
             )
             # Set, not given: ART 0.5.18's constructor takes exceptions as raised ones.
-            group.exceptions = [PydanticException(**e) for e in details["exceptions"]]
+            group.exceptions = [pydantic_exception_class()(**e) for e in details["exceptions"]]
             groups.append(group)
             continue
         metadata = {"group_id": group_id, "run": event.run, "scenario_index": event.scenario_index}
         metadata = {k: v for k, v in metadata.items() if v is not None}
         groups.append(
-            art.TrajectoryGroup(members, metadata={**metadata, "artstore_group_id": group_id})
+            trajectory_group_class()(members, metadata={**metadata, "artstore_group_id": group_id})
         )
     return groups
 

@@ -575,6 +575,15 @@ async def main(databases: list[str], postgres_url: str, rounds: int) -> int:
         f"{ROLLOUTS} rollouts x {TURNS} LLM calls x {OUTPUT_TOKENS} output tokens with logprobs, "
         "the conversation growing each turn"
     )
+    results, idle_collection_s = await measure(databases, postgres_url, rounds)
+    print_table(console, results, idle_collection_s)
+    return 1 if check_targets(console, results, idle_collection_s) else 0
+
+
+async def measure(
+    databases: list[str], postgres_url: str, rounds: int
+) -> tuple[list[Result], float]:
+    """Every peer's result (FileLogger's first), and the time of an idle gc.collect()."""
     rollouts = synthesize()
     results: list[Result] = []
     postgres: tuple[str, str] | None = None
@@ -596,7 +605,10 @@ async def main(databases: list[str], postgres_url: str, rounds: int) -> int:
                 await result.close()
             if postgres is not None:
                 drop_postgres_database(*postgres)
+    return results, idle_collection_s
 
+
+def print_table(console: Console, results: list[Result], idle_collection_s: float) -> None:
     arts = results[0]
     table = Table(title="Recording LLM calls: bytes, caller-visible time, rebuild time")
     for column in (
@@ -631,6 +643,10 @@ async def main(databases: list[str], postgres_url: str, rounds: int) -> int:
         f"{idle_collection_s * 1000:.0f} ms (part of every '+ gc.collect()' figure)"
     )
 
+
+def check_targets(console: Console, results: list[Result], idle_collection_s: float) -> int:
+    """Print a PASS, FAIL or MISS line for each check and target; the number of FAILs."""
+    arts = results[0]
     failures = 0
     for result in results[1:]:
         checks = [
@@ -675,7 +691,7 @@ async def main(databases: list[str], postgres_url: str, rounds: int) -> int:
             f"as fast as FileLogger (each figure holds a full collection of the whole heap: "
             f"{idle_collection_s * 1000:.0f} ms with nothing new)"
         )
-    return 1 if failures else 0
+    return failures
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -1300,6 +1300,67 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+async def timed_recording(
+    store: artstore.Store, plan: Plan, database: str, console: Console
+) -> float:
+    """Record the planned run into `store`; the events per second it took."""
+    start, cpu = time.perf_counter(), time.process_time()
+    await record(store, plan)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    # CPU time of this process (all its threads; not PostgreSQL's server): what the
+    # other sessions on a shared machine do not change as much as the wall clock.
+    console.print(
+        f"recorded on {database}: {seconds:.1f} s ({plan.events / seconds:,.0f} events/s, "
+        f"{store.transactions} transactions; this process's CPU {cpu:.1f} s = "
+        f"{plan.events / cpu:,.0f} events per CPU second)"
+    )
+    return plan.events / seconds
+
+
+def raw_engine(
+    database: str, place: Place, conninfo: str, analyze_sqlite: bool, console: Console
+) -> Engine:
+    """The driver alone on the recorded database, its planner statistics gathered (always
+    on PostgreSQL; on SQLite only with --sqlite-analyze, since artstore does not)."""
+    if database == "sqlite":
+        if analyze_sqlite:
+            with sqlite3.connect(place.sqlite_file) as connection:
+                connection.execute("ANALYZE")
+            console.print("ran ANALYZE on the SQLite file (--sqlite-analyze)")
+        return SqliteEngine(place.sqlite_file)
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        connection.execute("ANALYZE")
+    return PsycopgEngine(conninfo)
+
+
+def print_sizes(
+    by_database: dict[str, tuple[artstore.Store, Engine, str]], place: Place, console: Console
+) -> tuple[dict[str, int], int]:
+    """Print each database's size and its largest tables, and the parquet files' size;
+    return (bytes by database, parquet bytes)."""
+    sizes: list[tuple[str, int]] = []
+    database_sizes: dict[str, int] = {}
+    breakdown: list[str] = []
+    for database, (_, _, conninfo) in by_database.items():
+        if database == "sqlite":
+            database_sizes[database] = sqlite_bytes(place.sqlite_file)
+            sizes.append(("SQLite file (after checkpoint)", database_sizes[database]))
+            by_table = sqlite_bytes_by_table(place.sqlite_file)
+        else:
+            database_sizes[database] = postgres_bytes(conninfo)
+            sizes.append(("PostgreSQL database", database_sizes[database]))
+            by_table = postgres_bytes_by_table(conninfo)
+        total = database_sizes[database]
+        breakdown.append(f"  {database}: {where_the_bytes_are(by_table, total)}")
+    parquet = sum(p.stat().st_size for p in parquet_files(place))
+    sizes.append((f"ART parquet files (format {parquet_format_version()})", parquet))
+    console.print("sizes: " + ", ".join(f"{what} {size(n)}" for what, n in sizes))
+    console.print("where the bytes are (largest tables, each with its indexes):")
+    for line in breakdown:
+        console.print(line)
+    return database_sizes, parquet
+
+
 async def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console(width=None if sys.stdout.isatty() else 120)
@@ -1315,40 +1376,16 @@ async def main(argv: Sequence[str] | None = None) -> int:
             f"x {GROUP_SIZE}, {CALLS_PER_ROLLOUT} LLM calls each): {plan.events:,} events in "
             f"{len(plan.appends):,} appends, built in {time.perf_counter() - start:.1f} s"
         )
-        sizes: list[tuple[str, int]] = []
         recording: dict[str, float] = {}
-        database_sizes: dict[str, int] = {}
         by_database: dict[str, tuple[artstore.Store, Engine, str]] = {}
         for database in args.databases:
-            conninfo = ""
-            if database == "sqlite":
-                url = f"sqlite:///{place.sqlite_file}"
-            else:
-                conninfo = place.postgres_database()
-                url = conninfo
-            store = await artstore.open_store(url)
-            stores.append(store)
-            start, cpu = time.perf_counter(), time.process_time()
-            await record(store, plan)
-            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-            recording[database] = plan.events / seconds
-            # CPU time of this process (all its threads; not PostgreSQL's server): what the
-            # other sessions on a shared machine do not change as much as the wall clock.
-            console.print(
-                f"recorded on {database}: {seconds:.1f} s ({plan.events / seconds:,.0f} events/s, "
-                f"{store.transactions} transactions; this process's CPU {cpu:.1f} s = "
-                f"{plan.events / cpu:,.0f} events per CPU second)"
+            conninfo = "" if database == "sqlite" else place.postgres_database()
+            store = await artstore.open_store(
+                f"sqlite:///{place.sqlite_file}" if database == "sqlite" else conninfo
             )
-            if database == "sqlite":
-                if args.sqlite_analyze:
-                    with sqlite3.connect(place.sqlite_file) as connection:
-                        connection.execute("ANALYZE")
-                    console.print("ran ANALYZE on the SQLite file (--sqlite-analyze)")
-                raw: Engine = SqliteEngine(place.sqlite_file)
-            else:
-                with psycopg.connect(conninfo, autocommit=True) as connection:
-                    connection.execute("ANALYZE")
-                raw = PsycopgEngine(conninfo)
+            stores.append(store)
+            recording[database] = await timed_recording(store, plan, database, console)
+            raw = raw_engine(database, place, conninfo, args.sqlite_analyze, console)
             by_database[database] = (store, raw, conninfo)
         # The run as `artstore export --format jsonl` writes it: what both imports read.
         import_file = place.folder / "run.jsonl"
@@ -1365,26 +1402,10 @@ async def main(argv: Sequence[str] | None = None) -> int:
         if summary.trajectories != plan.rollouts or len(summary.files) != plan.steps:
             raise AssertionError(f"the export is incomplete: {summary}")
 
-        breakdown: list[str] = []
-        for database, (store, raw, conninfo) in by_database.items():
+        for database, (store, raw, _) in by_database.items():
             engines += [ArtstoreEngine(f"artstore {database}", store), raw]
-            if database == "sqlite":
-                database_sizes[database] = sqlite_bytes(place.sqlite_file)
-                sizes.append(("SQLite file (after checkpoint)", database_sizes[database]))
-                by_table = sqlite_bytes_by_table(place.sqlite_file)
-            else:
-                database_sizes[database] = postgres_bytes(conninfo)
-                sizes.append(("PostgreSQL database", database_sizes[database]))
-                by_table = postgres_bytes_by_table(conninfo)
-            total = database_sizes[database]
-            breakdown.append(f"  {database}: {where_the_bytes_are(by_table, total)}")
-        parquet = sum(p.stat().st_size for p in parquet_files(place))
-        sizes.append((f"ART parquet files (format {parquet_format_version()})", parquet))
+        database_sizes, parquet = print_sizes(by_database, place, console)
         engines += [DuckdbEngine(place), PolarsEngine(place)]
-        console.print("sizes: " + ", ".join(f"{what} {size(n)}" for what, n in sizes))
-        console.print("where the bytes are (largest tables, each with its indexes):")
-        for line in breakdown:
-            console.print(line)
 
         console.print(f"checking results, then {args.repeat} rounds ({load()})")
         timings = await measure(engines, args.repeat, console)

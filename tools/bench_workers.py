@@ -304,8 +304,7 @@ async def measure_in_process(databases: Databases, server: Any, workdir: Path, e
 
 async def measure_pipeline(server: Any, workdir: Path, steps: int, workers: int) -> Result:
     import art
-    from art.pipeline_trainer import PipelineTrainer, make_group_rollout_fn
-    from art.pipeline_tuner import PipelineRuntimeConfig
+    from art.pipeline_trainer import make_group_rollout_fn
     from openai.types.chat.chat_completion import Choice
 
     from artstore.backends import CheckOnlyBackend
@@ -354,6 +353,18 @@ async def measure_pipeline(server: Any, workdir: Path, steps: int, workers: int)
         returned[group_id] = time.monotonic()
         return group
 
+    await pipeline_trainer(model, backend, rollout_fn, steps, workers).train(handle_signals=False)
+    first = min(start for start, _ in spans)
+    last = max(end for _, end in spans)
+    waits = [trained_at[g] - returned[g] for g in returned if g in trained_at]
+    return Result("PipelineTrainer", 1, workers * GROUP_SIZE, len(spans), last - first, waits)
+
+
+def pipeline_trainer(model: Any, backend: Any, rollout_fn: Any, steps: int, workers: int) -> Any:
+    """ART's PipelineTrainer over the scenarios, round after round, for `steps` steps."""
+    from art.pipeline_trainer import PipelineTrainer
+    from art.pipeline_tuner import PipelineRuntimeConfig
+
     def scenarios_forever() -> Any:
         while True:
             yield from SCENARIOS
@@ -364,7 +375,7 @@ async def measure_pipeline(server: Any, workdir: Path, steps: int, workers: int)
             # whether the backend is one; ours is not, and it has no eval to check.
             pass
 
-    trainer = Pipeline(
+    return Pipeline(
         model,
         backend,
         rollout_fn,
@@ -380,11 +391,6 @@ async def measure_pipeline(server: Any, workdir: Path, steps: int, workers: int)
         log_interval_seconds=3600,
         resume=False,
     )
-    await trainer.train(handle_signals=False)
-    first = min(start for start, _ in spans)
-    last = max(end for _, end in spans)
-    waits = [trained_at[g] - returned[g] for g in returned if g in trained_at]
-    return Result("PipelineTrainer", 1, workers * GROUP_SIZE, len(spans), last - first, waits)
 
 
 # --- the run --------------------------------------------------------------------------------

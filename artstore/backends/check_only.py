@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from artstore.advantages import group_advantages
+from artstore.art_api import art_module
 from artstore.art_versions import (
     NEW_TRAIN_KEYWORDS,
     check_exchange_trajectory,
@@ -287,11 +288,7 @@ def _step_metrics(
 ) -> dict[str, float]:
     """ART's own step metrics (what LocalBackend.train returns, so dashboards match), and
     this backend's accounting (logged as train/<name> by model.log)."""
-    from art.metrics_taxonomy import (
-        TRAIN_GRADIENT_STEPS_KEY,
-        build_training_summary_metrics,
-        summarize_trajectory_groups,
-    )
+    taxonomy = art_module("metrics_taxonomy")
 
     rewards = checked.rewards
     reward_mean = sum(rewards) / len(rewards) if rewards else 0.0
@@ -299,12 +296,12 @@ def _step_metrics(
         math.sqrt(sum((r - reward_mean) ** 2 for r in rewards) / len(rewards)) if rewards else 0.0
     )
     return {
-        **build_training_summary_metrics(
-            summarize_trajectory_groups(groups), include_trainable_groups=True
+        **taxonomy.build_training_summary_metrics(
+            taxonomy.summarize_trajectory_groups(groups), include_trainable_groups=True
         ),
         "data/step_trainer_tokens": float(checked.tokens),
         # Honest: no gradient step is taken, and there is no loss to report.
-        TRAIN_GRADIENT_STEPS_KEY: 0.0,
+        taxonomy.TRAIN_GRADIENT_STEPS_KEY: 0.0,
         "time/step_trainer_s": time.monotonic() - started,
         "num_groups": float(len(groups)),
         "num_groups_trainable": float(checked.groups_trainable),
@@ -546,8 +543,6 @@ class CheckOnlyBackend:
         directory) and only makes `checkpoint_path` None.
         """
         arguments = dict(locals())  # first: the keyword arguments, as given
-        from art.types import LocalTrainResult
-
         started = time.monotonic()
         groups = list(trajectory_groups)
         train_kwargs = self._checked_train_kwargs(model, arguments)
@@ -565,7 +560,7 @@ class CheckOnlyBackend:
                 f"groups trainable, {checked.trainable_trajectories} trajectories, "
                 f"{checked.tokens} tokens"
             )
-        return LocalTrainResult(
+        return art_module("types").LocalTrainResult(
             step=step,
             metrics=metrics,
             checkpoint_path=str(checkpoint) if save_checkpoint else None,

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.utils.function_calling import convert_to_openai_tool
 
+from artstore.art_api import art_module
 from artstore.capture import http, matching
 from artstore.capture.replay import Replay, load_replay, message_fingerprint, replayed_event
 from artstore.capture.targets import CURRENT_ROLLOUT, CallTarget
@@ -690,8 +691,7 @@ async def rollout(
 
 def _install_art_logger(recorder: Rollout) -> tuple[contextvars.ContextVar, contextvars.Token]:
     """Point ART's own `art.langgraph` at this rollout, so agents written for it are recorded."""
-    from art.langgraph import llm_wrapper
-
+    llm_wrapper = art_module("langgraph.llm_wrapper")
     token = llm_wrapper.CURRENT_CONFIG.set(
         {
             "logger": ArtLogger(recorder),

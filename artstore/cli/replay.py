@@ -265,15 +265,15 @@ async def _model_step(store: Any, trainable: Any, loaded: Any, spec: str | None)
 def _trainable_model(
     info: Any, name: str | None, project: str | None, base_model: str | None, *, dry_run: bool
 ) -> Any:
-    import art
+    from artstore.art_api import model_class, trainable_model_class
 
     base = base_model or info.base_model
     name = name or info.model
     if not base:
         if dry_run:  # a plan trains nothing: the model's name is all it needs
-            return art.Model(name=name, project=project or info.project)
+            return model_class()(name=name, project=project or info.project)
         raise UsageError(f"run {info.run!r} names no base model: give --base-model")
-    return art.TrainableModel(
+    return trainable_model_class()(
         name=name, run_name=name, project=project or info.project, base_model=base
     )
 

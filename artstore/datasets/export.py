@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from artstore.art_api import art_module, trajectory_group_class
 from artstore.datasets.selection import CHUNK, Dataset
 from artstore.errors import ExportTargetError, InvalidArgumentError, NotFoundError
 from artstore.exchange.files import existing_file, written_in_place
@@ -481,9 +482,6 @@ async def _export_hf(
 async def _export_art(
     store: Store, dataset: Dataset, folder: Path, summary: ExportSummary, advance: Progress
 ) -> None:
-    import art
-    from art.utils.trajectory_logging import write_trajectory_groups_parquet
-
     async for page in grouped_pages(store, dataset):
         groups = []
         for group_id, members in page:
@@ -493,10 +491,10 @@ async def _export_art(
                     trajectory.reward = dataset.rewards[rid]
                 trajectories.append(trajectory)
             metadata = {"group_id": group_id, "dataset": f"{dataset.name}@{dataset.version}"}
-            groups.append(art.TrajectoryGroup(trajectories, metadata=metadata))
+            groups.append(trajectory_group_class()(trajectories, metadata=metadata))
             summary.rollouts += len(members)
             summary.rows += len(members)
             advance(len(members))
         path = folder / f"train-{len(summary.files):05d}.parquet"
-        write_trajectory_groups_parquet(groups, path)
+        art_module("utils.trajectory_logging").write_trajectory_groups_parquet(groups, path)
         summary.files.append(str(path))

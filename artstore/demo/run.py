@@ -68,8 +68,7 @@ async def run_demo(
     `on_start(run, rollouts, steps)` is called with the totals when training starts,
     `on_rollout()` after each rollout, `on_step(step)` after each train step.
     """
-    import art
-
+    from artstore.art_api import trainable_model_class
     from artstore.backends import CheckOnlyBackend
     from artstore.demo.task import agent, demo_policy, make_scenarios, reward
     from artstore.testing.inference_server import LocalInferenceServer
@@ -81,7 +80,7 @@ async def run_demo(
     if resume is not None and resume not in await demo_runs(store):
         raise NotFoundError(f"no demo run {resume!r} in this store")
     result = DemoResult(run=run, model=f"{PROJECT}/{run}", art_path=str(art_path))
-    model = art.TrainableModel(name=run, run_name=run, project=PROJECT, base_model=BASE_MODEL)
+    model = trainable_model_class()(name=run, run_name=run, project=PROJECT, base_model=BASE_MODEL)
     if resume is not None and await run_is_finished(store, run, model, num_scenarios, epochs):
         result.already_finished = True
         return result

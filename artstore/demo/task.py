@@ -12,6 +12,7 @@ import re
 import warnings
 from typing import Any
 
+from artstore.art_api import art_module
 from artstore.testing.inference_server import ScriptedReply
 
 LEGS = {
@@ -76,7 +77,7 @@ def _tools() -> list[Any]:
 
 async def agent(scenario: dict[str, Any], thread_id: str) -> dict[str, Any]:
     """The LangGraph agent: answers the scenario's question; returns answer and tools used."""
-    from art.langgraph import init_chat_model
+    init_chat_model = art_module("langgraph").init_chat_model
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # create_react_agent's move to langchain.agents

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from artstore.art_api import art_module
 from artstore.art_versions import art_client_postprocess
 from artstore.eventstore.blobs import blob_json
 
@@ -196,8 +197,6 @@ def chat_completion(
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
     if "sse" in document:
-        from art.openai import consume_sync_chat_completion_stream
-
         chunks = []
         for _, data in document["sse"]:
             if isinstance(data, str) and data.startswith("[DONE]"):
@@ -205,7 +204,7 @@ def chat_completion(
             if isinstance(data, dict):
                 chunks.append(construct_type(type_=ChatCompletionChunk, value=data))
         stream = _Chunks(chunks, require_policy_spans=art_client == "require")
-        return consume_sync_chat_completion_stream(stream)  # type: ignore[arg-type]
+        return art_module("openai").consume_sync_chat_completion_stream(stream)
     completion = construct_type(type_=ChatCompletion, value=document["json"])
     if art_client is not None:
         art_client_postprocess(completion, art_client, request_model)

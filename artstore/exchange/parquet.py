@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from artstore.art_api import art_module, trajectory_group_class
 from artstore.art_versions import exchanges_problem
 from artstore.errors import ExchangeFormatError, ExportTargetError, NotFoundError
 from artstore.events import GroupSealed, RewardsRecorded, RunImported
@@ -191,23 +192,19 @@ async def export_parquet(
 
 
 def _art_group(run: str, group: GroupOutline, trajectories: list) -> art.TrajectoryGroup:
-    import art
-
     sealed = group.sealed
     assert sealed is not None
     metadata = {"group_id": group.group_id, "run": run, "scenario_index": sealed.scenario_index}
-    return art.TrajectoryGroup(
+    return trajectory_group_class()(
         trajectories, metadata={k: v for k, v in metadata.items() if v is not None}
     )
 
 
 def _write_groups(groups: list, path: Path) -> None:
     """ART's own writer, into a temporary file renamed into place (never a half file)."""
-    from art.utils.trajectory_logging import write_trajectory_groups_parquet
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with written_in_place(path) as partial:
-        write_trajectory_groups_parquet(groups, partial)
+        art_module("utils.trajectory_logging").write_trajectory_groups_parquet(groups, partial)
 
 
 # --- import -------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec
 
+from artstore.art_api import trajectory_class
 from artstore.capture.rollout import to_json_value
 from artstore.errors import InvalidEventError
 from artstore.eventstore.blobs import canonical_json
@@ -53,8 +54,6 @@ def wrap_rollout(
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> art.Trajectory:
-        from art.trajectories import Trajectory
-
         recorded = scenario(*args, **kwargs) if scenario else _default_scenario(args, kwargs)
         try:
             canonical_json(to_json_value(recorded))
@@ -73,7 +72,7 @@ def wrap_rollout(
             policy_step=policy_step,
         ) as rollout:
             result = await fn(*args, **kwargs)
-            if isinstance(result, Trajectory):
+            if isinstance(result, trajectory_class()):
                 rollout.metrics.update(result.metrics)
                 rollout.metadata.update(result.metadata)
                 rollout.logs.extend(result.logs)
@@ -85,7 +84,7 @@ def wrap_rollout(
         projected.metadata["artstore_rollout_id"] = rollout.id
         if group_id is not None:
             projected.metadata["artstore_group_id"] = group_id
-        if not isinstance(result, Trajectory):
+        if not isinstance(result, trajectory_class()):
             return projected
         result.metadata.update(
             {k: v for k, v in projected.metadata.items() if k.startswith("artstore_")}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
+from artstore.art_api import trajectory_class
 from artstore.art_versions import history_class, trajectory_exchanges
 from artstore.events import TrajectoryImported
 from artstore.eventstore.blobs import read_blob_texts
@@ -72,8 +73,6 @@ def imported_trajectory(
     policy_step: int | None = None,
 ) -> art.Trajectory:
     """The `art.Trajectory` of an imported rollout; reward and metrics as for any rollout."""
-    from art.trajectories import Trajectory
-
     history = history_class()  # LegacyHistory on ART >= 0.5.20
 
     histories = history_items(event, bodies)
@@ -84,7 +83,7 @@ def imported_trajectory(
         if event.exchanges
         else {}
     )
-    return Trajectory(
+    return trajectory_class()(
         **exchanges,
         messages_and_choices=main,
         tools=tools,

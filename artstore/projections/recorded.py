@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from artstore.art_api import trajectory_class, trajectory_exchanges_class
 from artstore.art_versions import has_exchanges, history_class
 from artstore.events import TrajectoryRecorded
 from artstore.projections.imported import history_items
@@ -48,8 +49,6 @@ def recorded_trajectory(
     A scorer's metrics for the rollout (RULER's scores, win rates) are merged over the
     trajectory's own metrics, as for every projected trajectory.
     """
-    from art.trajectories import Trajectory
-
     history = history_class()
     details = bodies[event.details]
     (main, tools), *additional = history_items(event, bodies) or [([], None)]  # type: ignore[arg-type]
@@ -68,13 +67,11 @@ def recorded_trajectory(
         "final_policy_version": event.final_policy_version,
     }
     if event.exchanges and has_exchanges():
-        from art.trajectories import TrajectoryExchanges
-
         fields = {
             **{k: v for k, v in fields.items() if k not in ("messages_and_choices", "tools")},
             "additional_histories": [],
-            "exchanges": TrajectoryExchanges.model_validate(bodies[event.exchanges]),
+            "exchanges": trajectory_exchanges_class().model_validate(bodies[event.exchanges]),
         }
     if event.start_time is not None:
         fields["start_time"] = datetime.fromisoformat(event.start_time)
-    return Trajectory(**fields)
+    return trajectory_class()(**fields)

@@ -45,6 +45,7 @@ from langchain_core.messages import (
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy.engine import Connection
 
+from artstore.art_api import art_module, trajectory_class
 from artstore.art_versions import build_exchange, exchange_trajectory, history_class
 from artstore.documents import exchanges as http_documents
 from artstore.documents.messages import count_logprobs, from_json
@@ -575,9 +576,8 @@ def build_trajectory(
 
 def legacy_trajectory(conversations: list[Conversation], **fields: Any) -> art.Trajectory:
     """`messages_and_choices`, `tools` and `additional_histories` from the conversations."""
-    from art.langgraph.message_utils import convert_langgraph_messages
-    from art.trajectories import Trajectory
-
+    convert_langgraph_messages = art_module("langgraph.message_utils").convert_langgraph_messages
+    Trajectory = trajectory_class()
     history = history_class()  # LegacyHistory on ART >= 0.5.20
 
     histories = []

@@ -28,6 +28,7 @@ from urllib.parse import quote
 
 import httpx
 
+from artstore.art_api import trajectory_class
 from artstore.capture.rollout import to_json_value
 from artstore.errors import ArtstoreError, NotFoundError, RewardFunctionError
 from artstore.groups import call_reward_function
@@ -331,9 +332,7 @@ def _answer(response: httpx.Response) -> dict[str, Any]:
 
 def _trajectories(stored: list[dict[str, Any]]) -> list[Any]:
     """The group's trajectories as the reward function of a trainer gets them."""
-    import art  # slow: only a worker that seals pays for it
-
-    return [art.Trajectory.model_validate(value) for value in stored]
+    return [trajectory_class().model_validate(value) for value in stored]
 
 
 async def _wait(stop: asyncio.Event, seconds: float) -> None:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec
 from sqlalchemy import select
 
 from artstore.arguments import check_callable, check_name, check_store
+from artstore.art_api import trajectory_class
 from artstore.capture.replay import resumable_attempts
 from artstore.capture.rollout import to_json_value
 from artstore.errors import InvalidEventError, RolloutFailedBeforeError
@@ -175,8 +176,6 @@ def durable_rollouts(
 
     @functools.wraps(rollout)
     async def durable(*args: P.args, **kwargs: P.kwargs) -> art.Trajectory:
-        from art.trajectories import Trajectory
-
         model = _model_of(args, kwargs)
         given = scenario(*args, **kwargs) if scenario else _scenario_of(args, kwargs)
         stored = to_json_value(given)
@@ -206,7 +205,7 @@ def durable_rollouts(
         ) as recorder:
             group.known.add(recorder.id)
             result = await rollout(*args, **kwargs)
-            if not isinstance(result, Trajectory):
+            if not isinstance(result, trajectory_class()):
                 raise InvalidEventError(
                     f"a durable rollout function returns an art.Trajectory, not "
                     f"{type(result).__name__}"

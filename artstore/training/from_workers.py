@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 from artstore.errors import ArtstoreError, RewardFunctionError, RolloutsFailedError
 from artstore.groups import GroupPlace
 from artstore.redaction import redact_url
+from artstore.training.lease import trainer_id
 from artstore.training.recipe import Recipe, RunSummary
-from artstore.training.steps import consumed_groups, model_key, train_groups, trainer_id
+from artstore.training.steps import consumed_groups, model_key, train_groups
 from artstore.workers import claims
 from artstore.workers.claims import GroupPlan
 from artstore.workers.notify import Wakeups

@@ -68,6 +68,11 @@ async def trainers_gone(
     return gone
 
 
+def trainer_id() -> str:
+    """This process, as a run's and a train step's `trainer`: "host:pid"."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 def _process_alive(trainer: str | None) -> bool | None:
     """Whether `trainer` ("host:pid") is a running process of this host (None: another
     host's, or not a host:pid at all: this host cannot tell)."""

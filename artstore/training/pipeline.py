@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from artstore.arguments import check_name, check_store
+from artstore.art_api import art_module, local_backend_importable, trajectory_group_class
 from artstore.art_versions import has_pipeline_trainer, rewards_have_zero_variance
 from artstore.capture.group import GroupCalls, GroupCapture, capture_group
 from artstore.capture.rollout import to_json_value
@@ -180,8 +181,6 @@ async def _iterate(scenarios: Iterable[Any] | AsyncIterator[Any]) -> AsyncIterat
 
 def _recording_rollout_fn(feed: _Feed, rollout_fn: Any) -> Any:
     async def rollout(model: Any, scenario: Any, config: Any) -> Any:
-        import art
-
         index = feed.index_of(scenario)
         group_id = pipeline_group_id(feed.run, index)
         stored = feed.stored.pop(group_id, None)
@@ -199,7 +198,7 @@ def _recording_rollout_fn(feed: _Feed, rollout_fn: Any) -> Any:
             await record_unattributed_calls(
                 feed.store, calls.unattributed, model=model, policy_step=initial, **where
             )
-        if not isinstance(group, art.TrajectoryGroup) or not group.trajectories:
+        if not isinstance(group, trajectory_group_class()) or not group.trajectories:
             return group  # nothing to keep: ART discards it, a restart rolls it out again
         _as_art_would(group, initial, feed.trainer.state.policy_version)
         await record_group_with_calls(
@@ -240,10 +239,9 @@ async def _rolled_out(
 
 def _as_art_would(group: art.TrajectoryGroup, initial: int, final: int) -> None:
     """What PipelineTrainer does to a group once the rollout function returned it."""
-    from art.gather import record_trajectory_completion_tokens
-
+    record_completion_tokens = art_module("gather").record_trajectory_completion_tokens
     for trajectory in group.trajectories:
-        record_trajectory_completion_tokens(trajectory)
+        record_completion_tokens(trajectory)
         if trajectory.initial_policy_version is None:
             trajectory.initial_policy_version = initial
         if trajectory.final_policy_version is None:
@@ -319,9 +317,7 @@ def pipeline_trainer(
 
 
 def _durable_trainer_class() -> type:
-    from art.pipeline_trainer import PipelineTrainer
-
-    class DurablePipelineTrainer(PipelineTrainer):
+    class DurablePipelineTrainer(art_module("pipeline_trainer").PipelineTrainer):
         """ART's PipelineTrainer; the run's end is recorded in the store."""
 
         async def train(self, *, handle_signals: bool = True) -> None:
@@ -338,9 +334,7 @@ def _durable_trainer_class() -> type:
                     await own_wrapper.release()
 
         def _validate_backend_support(self) -> None:
-            try:
-                import art.local.backend  # noqa: F401  (needs torch and transformers)
-            except ImportError:
+            if not local_backend_importable():
                 # No LocalBackend can exist here, so ART's checks of one have nothing to
                 # check; the check every backend gets still applies.
                 if self.eval_fn is not None and not callable(
@@ -349,7 +343,7 @@ def _durable_trainer_class() -> type:
                     raise ValueError(
                         "PipelineTrainer eval requires a backend with exact checkpoint "
                         "inference leases."
-                    ) from None
+                    )
                 return
             super()._validate_backend_support()
 

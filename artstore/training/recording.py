@@ -39,6 +39,7 @@ from artstore.arguments import (
     check_store,
     check_whole_numbers,
 )
+from artstore.art_api import trajectory_group_class
 from artstore.art_versions import has_exchange_data
 from artstore.capture.rollout import rollout_stream, to_json_value
 from artstore.documents.exchanges import redact_choice, redact_exchanges
@@ -586,9 +587,7 @@ def _check_arguments(
     store: Store, group: Any, run: Any, model: Any, scorer: Any, group_id: Any, scenario: Any
 ) -> None:
     """`record_group`'s arguments, refused before anything is written (InvalidArgumentError)."""
-    import art
-
-    if not isinstance(group, art.TrajectoryGroup):
+    if not isinstance(group, trajectory_group_class()):
         raise ConfigurationError(f"record_group records an art.TrajectoryGroup, not {group!r}")
     check_store(store)
     check_name("run", run)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from artstore.art_api import art_module, trajectory_group_class
 from artstore.art_versions import has_exchange_data
 from artstore.errors import RewardFunctionError
 from artstore.training.rescore import RewardFunction, Rewards
@@ -71,10 +72,6 @@ def ruler_reward(
     """
 
     async def ruler(scenario: Any, results: list[Any], trajectories: list[Any]) -> Rewards:
-        import art
-        from art.rewards import ruler_score_group
-        from art.rewards.ruler import DEFAULT_RUBRIC
-
         if not trajectories:
             return Rewards([])
         model = judge_model or os.environ.get(JUDGE_MODEL_ENV) or DEFAULT_JUDGE_MODEL
@@ -87,11 +84,11 @@ def ruler_reward(
                 )
             # RULER refuses additional histories: it judges the main one.
             judged.append(trajectory.model_copy(update={"additional_histories": []}))
-        scored = await ruler_score_group(
-            art.TrajectoryGroup(judged),
+        scored = await art_module("rewards").ruler_score_group(
+            trajectory_group_class()(judged),
             judge_model=model,
             extra_litellm_params=extra_litellm_params,
-            rubric=rubric or DEFAULT_RUBRIC,
+            rubric=rubric or art_module("rewards.ruler").DEFAULT_RUBRIC,
             swallow_exceptions=False,
             debug=debug,
         )

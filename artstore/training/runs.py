@@ -34,7 +34,7 @@ from artstore.errors import (
 from artstore.events import RunFinished, RunImported, RunResumed, RunStarted
 from artstore.eventstore.store import NO_STREAM
 from artstore.schema import tables as t
-from artstore.training.steps import trainer_id
+from artstore.training.lease import trainer_id
 
 if TYPE_CHECKING:
     from artstore.store import Store

@@ -11,8 +11,6 @@ push a crash interrupted is done again.
 from __future__ import annotations
 
 import math
-import os
-import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -25,6 +23,7 @@ from artstore.events import CheckpointPushed, TrainStepCompleted, TrainStepFaile
 from artstore.groups import load_groups
 from artstore.redaction import redacting_logger
 from artstore.schema import tables as t
+from artstore.training.lease import trainer_id
 
 if TYPE_CHECKING:
     import art
@@ -49,10 +48,6 @@ def model_key(model: Any) -> str:
     `name` on 0.5.18 (`artstore.art_versions.lineage_name`).
     """
     return art_versions.model_key(model)
-
-
-def trainer_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def train_stream(run: str) -> str:

@@ -1,5 +1,6 @@
 """`artstore --help` stays quick: importing the console script's module loads neither
-SQLAlchemy, the event store, ART nor LangChain (each command imports what it needs)."""
+SQLAlchemy, the event store, ART nor LangChain (each command imports what it needs); and a
+command that reads a store (`artstore runs`) loads neither ART nor the training loop."""
 
 from __future__ import annotations
 
@@ -7,7 +8,15 @@ import json
 import subprocess
 import sys
 
-HEAVY = ["sqlalchemy", "art", "langchain_core", "artstore.eventstore", "artstore.store"]
+HEAVY = ["sqlalchemy", "art", "litellm", "langchain_core", "artstore.eventstore", "artstore.store"]
+# What reading a run list does not need: ART, and the loop that records (capture, LangChain).
+NOT_FOR_READING = [
+    "art",
+    "litellm",
+    "langchain_core",
+    "artstore.capture",
+    "artstore.training.framework",
+]
 
 
 def test_the_command_line_imports_nothing_heavy() -> None:
@@ -20,6 +29,25 @@ def test_the_command_line_imports_nothing_heavy() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
     )
     assert json.loads(done.stdout) == []
+
+
+def test_listing_runs_imports_neither_art_nor_the_training_loop(recorded_url: str) -> None:
+    script = (
+        "import json, sys\n"
+        "from artstore.cli import main\n"
+        f"sys.argv = ['artstore', 'runs', '--url', {recorded_url!r}, '--format', 'json']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exit:\n"
+        "    assert not exit.code, exit.code\n"
+        f"print(json.dumps([m for m in {NOT_FOR_READING!r} if m in sys.modules]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    *listed, loaded = done.stdout.strip().splitlines()
+    assert [row["run"] for row in json.loads("\n".join(listed))] == ["arith-001"]
+    assert json.loads(loaded) == []
 
 
 def test_help_and_version_run() -> None:

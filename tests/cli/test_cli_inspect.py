@@ -272,7 +272,7 @@ import asyncio, sys
 import artstore
 from artstore.events import RunStarted
 from artstore.training.lease import trainer_lease
-from artstore.training.steps import trainer_id
+from artstore.training.lease import trainer_id
 
 async def main(url):
     async with await artstore.open_store(url) as store:

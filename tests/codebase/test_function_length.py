@@ -1,4 +1,5 @@
-"""No function of artstore is longer than a newcomer reads in one go: 80 lines at most.
+"""No function of artstore, its benchmarks (tools/) or its examples is longer than a
+newcomer reads in one go: 80 lines at most.
 
 A longer one is split into named steps. Counted from `def` to the last line, docstring and
 nested functions included. Alembic revisions are left out: a revision keeps the code it
@@ -14,6 +15,7 @@ import artstore
 
 LONGEST = 80
 PACKAGE = Path(artstore.__file__).parent
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def _functions(path: Path) -> list[tuple[str, int, int]]:
@@ -28,12 +30,13 @@ def _functions(path: Path) -> list[tuple[str, int, int]]:
 
 def _modules() -> list[Path]:
     # rglob does not enter artstore/migrations (a link to ../migrations): the revisions.
-    return sorted(PACKAGE.rglob("*.py"))
+    scripts = [*(REPOSITORY / "tools").rglob("*.py"), *(REPOSITORY / "examples").rglob("*.py")]
+    return sorted(PACKAGE.rglob("*.py")) + sorted(scripts)
 
 
 def test_no_function_is_longer_than_80_lines() -> None:
     too_long = [
-        f"{path.relative_to(PACKAGE.parent)}:{line} {name} ({lines} lines)"
+        f"{path}:{line} {name} ({lines} lines)"
         for path in _modules()
         for name, line, lines in _functions(path)
         if lines > LONGEST
@@ -44,6 +47,8 @@ def test_no_function_is_longer_than_80_lines() -> None:
 def test_the_check_reads_every_module_and_counts_a_long_function(tmp_path: Path) -> None:
     modules = _modules()
     assert PACKAGE / "store.py" in modules and PACKAGE / "cli" / "app.py" in modules
+    assert REPOSITORY / "tools" / "bench_queries.py" in modules
+    assert REPOSITORY / "examples" / "langgraph_agent.py" in modules
     body = "".join(f"    x{i} = {i}\n" for i in range(LONGEST))
     (tmp_path / "long.py").write_text(f"def long():\n{body}\n\ndef short():\n    return 1\n")
     assert _functions(tmp_path / "long.py") == [("long", 1, LONGEST + 1), ("short", 84, 2)]

@@ -599,7 +599,7 @@ def test_looking_writes_nothing(browser, viewer):
 
 def test_run_page_updates_while_the_run_trains(browser, viewer):
     from artstore.events import GroupSealed, RunStarted, TrainStepCompleted, TrainStepStarted
-    from artstore.training.steps import trainer_id
+    from artstore.training.lease import trainer_id
 
     model = f"{PROJECT}/live"
 
