@@ -27,8 +27,11 @@ The targets need ART's parquet format 2 (ART >= 0.5.20, so Python >= 3.12: run i
 PostgreSQL comes from `--postgres-url`, else `$ARTSTORE_BENCH_POSTGRES_URL`, else
 `postgresql://postgres@127.0.0.1:5432/test`; the user must be allowed to create databases.
 
-Measured (2-core machine shared with other sessions, Python 3.13 / ART 0.5.23): see
-docs/performance.md, "Where the bytes go".
+Measured 2026-12-04 (2-core machine shared with other sessions, Python 3.13 / ART
+0.5.23), 10,000 rollouts: parquet 454.0 MiB, SQLite 917.0 MiB (x 2.0), PostgreSQL 860.1
+MiB (x 1.9): PASS. Where the time goes: recording (25 min on SQLite, 11 on PostgreSQL
+under load 6 to 8) and ART's parquet writer (8 min); the split itself takes seconds.
+docs/performance.md, "Where the bytes go", has the split before and after.
 """
 
 from __future__ import annotations
