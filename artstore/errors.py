@@ -135,6 +135,10 @@ class ReadOnlyStoreError(ArtstoreError):
     """The store was opened read-only (`open_store(url, read_only=True)`): it cannot record."""
 
 
+class CallAbandonedError(ArtstoreError):
+    """An LLM call was still waiting for its response when its rollout ended."""
+
+
 class StoreClosedError(ArtstoreError):
     """The store was closed; open a new one."""
 
@@ -182,3 +186,8 @@ class RolloutFailedBeforeError(ArtstoreError):
     """A durable rollout stands for one that failed in a group sealed before (a crash,
     then the loop ran again): the sealed group is final, so the failure is given again
     rather than the rollout done again (its redo would join a group already sealed)."""
+
+
+class ArchiveError(ArtstoreError):
+    """An archive that is missing, incomplete or not what its manifest says, or a run that
+    cannot be archived or restored now (nothing was removed or restored)."""

@@ -17,7 +17,9 @@ Streams:
   (`artstore.langgraph.checkpointer`), and `langgraph.thread_deleted`;
 - `feedback-<rollout id>`: a person's judgements of the rollout (`feedback`), one each;
 - `dataset-<name>`: the versions of a dataset (`dataset.created`), version N is event N;
-- `datasets`: one `dataset.named` per version made, so that the names can be listed.
+- `datasets`: one `dataset.named` per version made, so that the names can be listed;
+- `archive-<run>`: `run.archived` when `artstore archive` moved the run out of the
+  database, `run.restored` when `artstore restore` brought it back.
 """
 
 from __future__ import annotations
@@ -382,6 +384,32 @@ class CheckpointPushed(Event):
     model: str
     step: int
     destination: str | None = None
+
+
+# --- archives (`artstore archive` / `artstore restore`, stream `archive-<run>`) -----------
+
+
+@event_type("run.archived")
+class RunArchived(Event):
+    """The run's streams and the blobs nothing else names were written to `target`, read
+    back, and removed from the database in this event's transaction (the one deletion
+    artstore makes). `manifest_sha256`: the SHA-256 of the archive's manifest."""
+
+    run: str
+    target: str  # where the archive is, as given (a password in a URL left out)
+    manifest_sha256: str
+    num_events: int
+    num_blobs: int  # blobs the archive holds (those still named elsewhere stay stored too)
+
+
+@event_type("run.restored")
+class RunRestored(Event):
+    """The run's events and blobs were brought back from `source`, in this transaction."""
+
+    run: str
+    source: str
+    manifest_sha256: str
+    num_events: int
 
 
 # --- imports (`artstore import`: trajectories recorded elsewhere) ----------------------------

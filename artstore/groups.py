@@ -66,6 +66,7 @@ class GroupRollouts:
     validation: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     running: list[str] = field(default_factory=list)  # started, never ended (a crash)
+    running_policy: list[str] = field(default_factory=list)  # those of them of the policy
     results: dict[str, Any] = field(default_factory=dict)
 
 
@@ -85,6 +86,8 @@ async def group_rollouts(store: Store, group_id: str) -> GroupRollouts:
                 found.failed.append(row.rollout_id)
             else:
                 found.running.append(row.rollout_id)
+                if row.role == "policy":
+                    found.running_policy.append(row.rollout_id)
     return found
 
 

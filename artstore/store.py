@@ -86,7 +86,6 @@ class Store:
         self.stream_version = events.stream_version
         self.last_position = events.last_position
         self.get_blobs = events.get_blobs
-        self.close = events.close
 
     @property
     def dialect(self) -> str:
@@ -115,6 +114,17 @@ class Store:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+    async def close(self) -> None:
+        """Fail the rollout blocks still running in this process (their calls on the way
+        recorded as incomplete: none is left `running`), write everything queued, then
+        release every connection."""
+        from artstore.capture.rollout import end_open_rollouts
+
+        try:
+            await end_open_rollouts(self)
+        finally:
+            await self.events.close()
 
     # --- capture ------------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ import httpx
 from artstore import art_versions
 from artstore.capture import credentials, matching
 from artstore.capture import replay as replays
+from artstore.capture.replay import RecordedCall
 from artstore.capture.targets import CallTarget, current_target
 from artstore.documents import exchanges as docs
 from artstore.errors import NoRolloutError
@@ -151,7 +152,7 @@ def _hook_send() -> None:
     def send(self: httpx.Client, request: httpx.Request, **kwargs: Any) -> httpx.Response:
         served = _replayed(request)
         if served is not None:
-            return served
+            return original_send(_answering(served), request, **kwargs)
         capture = _begin(request)
         if capture is None:
             return original_send(self, request, **kwargs)
@@ -168,7 +169,7 @@ def _hook_send() -> None:
     ) -> httpx.Response:
         served = _replayed(request)
         if served is not None:
-            return served
+            return await original_async_send(_answering_async(served), request, **kwargs)
         capture = _begin(request)
         if capture is None:
             return await original_async_send(self, request, **kwargs)
@@ -182,6 +183,17 @@ def _hook_send() -> None:
 
     httpx.Client.send = send  # type: ignore[method-assign]
     httpx.AsyncClient.send = async_send  # type: ignore[method-assign]
+
+
+# A served answer goes through the `send` beneath artstore's hook, as a sent request does,
+# on a client whose transport hands back the record: ART's own capture (hooked there, on
+# ART >= 0.5.20) puts it in `Trajectory.exchanges`, and httpx reads it unless streamed.
+def _answering(served: httpx.Response) -> httpx.Client:
+    return httpx.Client(transport=httpx.MockTransport(lambda _: served))
+
+
+def _answering_async(served: httpx.Response) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.MockTransport(lambda _: served))
 
 
 def _hook_response() -> None:
@@ -275,6 +287,19 @@ def _serve(target: CallTarget, request: httpx.Request) -> httpx.Response | None:
         return None
     if not isinstance(body, dict):
         return None
+    served = serve_recorded(target, endpoint, body)
+    return replays.response_for(request, served[0]) if served is not None else None
+
+
+def serve_recorded(
+    target: CallTarget, endpoint: str, body: dict[str, Any]
+) -> tuple[RecordedCall, asyncio.Future | None] | None:
+    """The recorded call to answer `body` with, when `target` resumes an earlier attempt
+    and this is the request that attempt recorded at this position, with the append of
+    its copy (queued here); else None: send the request (a divergence is recorded)."""
+    replay = target.replay
+    if replay is None or replay.live:
+        return None
     started_at = datetime.now(UTC)
     fingerprint = replays.request_fingerprint(replays.stored_form(body, target.redact))
     found = replay.take(fingerprint, target.id)
@@ -284,12 +309,13 @@ def _serve(target: CallTarget, request: httpx.Request) -> httpx.Response | None:
     if found is None or found.event.endpoint != endpoint:
         return None
     event = replays.replayed_event(found, started_at)
+    if art_versions.art_capture_target() is not None:  # ART captures it as it is served
+        event = event.model_copy(update={"art_exchange": True})
     keys = []
     if event.stream and endpoint == "chat_completions":
         keys = matching.keys(None, matching.answer_key_of_response(body, found.response))
     keys = matching.keys(docs.response_id(found.response), None) + keys
-    target.submit_call(lambda: (event, {}, keys), _current_task())
-    return replays.response_for(request, found)
+    return found, target.submit_call(lambda: (event, {}, keys), _current_task())
 
 
 def _begin(request: httpx.Request) -> _Capture | None:
@@ -322,7 +348,10 @@ def _capture_for(rollout: CallTarget | None, request: httpx.Request) -> _Capture
         return None  # a streamed or non-JSON request body: not an API call we know
     if not isinstance(body, dict):
         return None
-    return _Capture(rollout, endpoint, body)
+    capture = _Capture(rollout, endpoint, body)
+    with rollout.numbering:  # open until its response is whole (`finish`)
+        rollout.open_calls.add(capture)
+    return capture
 
 
 def _current_task() -> asyncio.Task | None:

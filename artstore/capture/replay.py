@@ -199,7 +199,7 @@ def replayed_event(recorded: RecordedCall, started_at: datetime) -> LLMCall:
             "index": 0,  # numbered when submitted
             "replayed_from": recorded.event.call_id,
             "supersedes": None,
-            "art_exchange": False,  # ART's own capture did not see it: nothing was sent
+            "art_exchange": False,  # unless ART's capture takes it as served (capture.http)
             "started_at": started_at,
             "finished_at": now,
             "latency_s": (now - started_at).total_seconds(),

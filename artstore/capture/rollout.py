@@ -37,6 +37,7 @@ import json
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -51,7 +52,7 @@ from artstore.capture.replay import Replay, load_replay, message_fingerprint, re
 from artstore.capture.targets import CURRENT_ROLLOUT, CallTarget
 from artstore.capture.tools import ToolReplay
 from artstore.documents import messages as lc
-from artstore.errors import InvalidEventError, NoRolloutError, StorageFullError
+from artstore.errors import InvalidEventError, NoRolloutError, StorageFullError, StoreClosedError
 from artstore.events import (
     LLMCall,
     ReplayDiverged,
@@ -94,6 +95,23 @@ def require_rollout(what: str) -> Rollout:
 
 def rollout_stream(rollout_id: str) -> str:
     return f"rollout-{rollout_id}"
+
+
+# The rollouts whose `async with store.rollout(...)` block is running, per event store: a
+# store closed under them ends them first (`end_open_rollouts`), so that none is left
+# `running` and the calls they had sent are recorded.
+_OPEN_BLOCKS: weakref.WeakKeyDictionary[EventStore, set[Rollout]] = weakref.WeakKeyDictionary()
+
+
+async def end_open_rollouts(store: EventStore) -> None:
+    """Fail every rollout block still running on `store` (the store is being closed): its
+    calls on their way are recorded as calls that did not complete, then `rollout.failed`
+    with a `StoreClosedError`. A process whose loop raised while rollouts were in flight
+    (ART's `max_exceptions` does) closes its store before those tasks are cancelled."""
+    for recorder in list(_OPEN_BLOCKS.pop(store, ())):
+        await recorder.abandon(
+            StoreClosedError("the store was closed while this rollout was running")
+        )
 
 
 def to_json_value(value: Any) -> Any:
@@ -141,6 +159,7 @@ class Rollout(CallTarget):
         self.redact = Redactor([inference_api_key], urls=[inference_base_url])
         self.closed = False  # the block has exited: no new calls
         self._ended = False  # rollout.finished or rollout.failed is queued
+        self._abandoned = False  # failed by `abandon` when its store closed under its block
         self._version = 0  # the stream's version once every append queued so far is stored
         self._event_ids: dict[int, str] = {}  # version -> the id of the event queued for it
         # Each append checks that the event before it is this rollout's own (workers: after
@@ -380,6 +399,7 @@ class Rollout(CallTarget):
         if same is not None:  # recorded from HTTP already: this record replaces it
             fields["supersedes"] = same.call_id
             fields["stream"], fields["art_exchange"] = same.stream, same.art_exchange
+            fields["replayed_from"] = same.replayed_from  # served from a record: a copy still
             if started_at is None and latency_s is None:
                 fields["started_at"], fields["latency_s"] = same.started_at, same.latency_s
         if error is not None:
@@ -555,13 +575,28 @@ class Rollout(CallTarget):
 
     async def fail(self, exc: BaseException, check: RolloutCheck | None = None) -> None:
         """Record `rollout.failed` for `exc` (which the caller raises); nothing when not even
-        `rollout.started` was stored (there is no rollout to fail then)."""
+        `rollout.started` was stored (there is no rollout to fail then), or when its store
+        was closed under it (`abandon` failed it then)."""
+        if self._abandoned:
+            return
         with contextlib.suppress(Exception):
             await self._settle()
         self._ended = True
         if self._stored_version == 0:
             return
         await self._record_failure(exc, time.monotonic() - self._clock, check)
+
+    async def abandon(self, exc: BaseException) -> None:
+        """End the rollout now, from outside its block (its store is closing): the calls on
+        their way recorded as incomplete, then `rollout.failed` for `exc`, unless it has
+        ended already. The block, when it exits later, records nothing more."""
+        if self._ended:
+            self.closed = True
+            return
+        self.end_open_calls()
+        self.closed = True
+        await self.fail(exc)
+        self._abandoned = True
 
     async def settle(self) -> None:
         """Wait until every append queued so far is committed (raises a refused one)."""
@@ -676,6 +711,8 @@ async def rollout(
     )
     token = CURRENT_ROLLOUT.set(recorder)
     art_token = _install_art_logger(recorder)
+    open_blocks = _OPEN_BLOCKS.setdefault(store, set())
+    open_blocks.add(recorder)
     try:
         try:
             yield recorder
@@ -687,6 +724,8 @@ async def rollout(
     except BaseException as exc:  # the agent failed, its result is unusable, or a write was
         await recorder.fail(exc, check)  # refused: `exc` says why, record it
         raise
+    finally:
+        open_blocks.discard(recorder)
 
 
 def _install_art_logger(recorder: Rollout) -> tuple[contextvars.ContextVar, contextvars.Token]:

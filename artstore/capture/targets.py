@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from artstore.art_versions import captured_exchanges
+from artstore.errors import CallAbandonedError
 
 if TYPE_CHECKING:
     from artstore.events import LLMCall
@@ -37,6 +38,9 @@ def current_target() -> CallTarget | None:
         return rollout
     group = CURRENT_GROUP.get()
     return group if group is not None and not group.closed else None
+
+
+_ABANDONED = "the rollout ended before this call's response arrived"
 
 
 class CallTarget:
@@ -85,8 +89,11 @@ class CallTarget:
         return None
 
     def end_open_calls(self) -> None:
-        """Streams still open when the block exits: recorded as calls that did not complete."""
+        """Calls still open when the block exits, recorded as calls that did not complete:
+        a stream nobody read to its end, a request still waiting for its response (the
+        server got it, and may have generated its answer: it is part of the record)."""
         with self.numbering:
             open_calls, self.open_calls = list(self.open_calls), set()
         for call in open_calls:
-            call.finish()
+            waiting = call.status is None
+            call.finish(CallAbandonedError(_ABANDONED) if waiting else None)

@@ -12,6 +12,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from artstore.cli import (
+    archive,
     dataset,
     db,
     demo,
@@ -140,6 +141,8 @@ app.command("sql", cls=QueryCommand)(sql.sql)
 app.command("feedback")(feedback.feedback)
 app.command("export")(exchange.export)
 app.command("import")(exchange.import_)
+app.command("archive")(archive.archive)
+app.command("restore")(archive.restore)
 app.command("worker")(worker.worker)
 app.command("serve")(serve.serve)
 app.add_typer(serve.token_app, name="token")

@@ -34,6 +34,15 @@ TimeoutOption = Annotated[
         help="Stop the query this many seconds after it starts, rows printed or not (0: no limit).",
     ),
 ]
+ArchivedOption = Annotated[
+    str | None,
+    typer.Option(
+        "--archived",
+        metavar="DIR|URL",
+        help="Query the runs archived there (artstore archive --to), not the database.",
+        show_default=False,
+    ),
+]
 # Rows per table printed at a time: a table needs its rows to size its columns.
 TABLE_PAGE = 500
 
@@ -43,13 +52,15 @@ def sql(
     file: FileOption = None,
     output: FormatOption = OutputFormat.table,
     timeout: TimeoutOption = 30.0,
+    archived: ArchivedOption = None,
     url: UrlOption = None,
 ) -> None:
     """Run one read-only SQL query over the views and print its rows.
 
     Query the v_* views (docs/views.md): the same on SQLite and PostgreSQL.
     Anything that writes is refused; rows are printed as the database sends them, at
-    most 16 MiB a row and 64 MiB in 1,000 rows.
+    most 16 MiB a row and 64 MiB in 1,000 rows. With --archived, the same views over the
+    runs archived there (restored into a temporary SQLite file for the query).
     """
     if statement is not None and file is not None:
         raise fail("give the query as an argument or with --file, not both")
@@ -64,25 +75,37 @@ def sql(
 
     async def work() -> None:
         import artstore
-        from artstore.analysis import stream_query
         from artstore.analysis.sql import read_only_statement
         from artstore.urls import resolve_url
 
+        if archived is not None:
+            from artstore.archive.querying import archived_store
+
+            read_only_statement(statement, "sqlite")
+            async with archived_store(archived) as store:
+                await _print_rows(store, statement, output, timeout)
+            return
         # Refused before anything is opened.
         read_only_statement(statement, resolve_url(url, create_folder=False).get_backend_name())
         async with await artstore.open_store(url, read_only=True) as store:
-            async with stream_query(store, statement, timeout=timeout or None) as rows:
-                if output is OutputFormat.csv:
-                    await _print_csv(rows.columns, rows.batches())
-                elif output is OutputFormat.json:
-                    await _print_json(rows.columns, rows.batches())
-                else:
-                    await _print_table(rows.columns, rows.batches())
+            await _print_rows(store, statement, output, timeout)
 
     run(work)
 
 
 Batches = AsyncIterator[list[tuple[Any, ...]]]
+
+
+async def _print_rows(store: Any, statement: str, output: OutputFormat, timeout: float) -> None:
+    from artstore.analysis import stream_query
+
+    async with stream_query(store, statement, timeout=timeout or None) as rows:
+        if output is OutputFormat.csv:
+            await _print_csv(rows.columns, rows.batches())
+        elif output is OutputFormat.json:
+            await _print_json(rows.columns, rows.batches())
+        else:
+            await _print_table(rows.columns, rows.batches())
 
 
 async def _print_csv(columns: list[str], batches: Batches) -> None:

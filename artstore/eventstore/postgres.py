@@ -175,6 +175,13 @@ class PostgresRecorder:
     def lock_appends(self, connection: Connection) -> None:
         connection.exec_driver_sql("LOCK TABLE append_lock IN EXCLUSIVE MODE")
 
+    def lock_for_removal(self, connection: Connection) -> None:
+        # An appender writes its blobs (ROW EXCLUSIVE on `blobs`) before it takes the
+        # append lock: taking the two in the same order waits for every append in flight,
+        # also one that found a blob stored and will name it, and never in a cycle.
+        connection.exec_driver_sql("LOCK TABLE blobs IN EXCLUSIVE MODE")
+        connection.exec_driver_sql("LOCK TABLE append_lock IN EXCLUSIVE MODE")
+
     def error_kind(self, exc: BaseException) -> ErrorKind | None:
         for cause in causes(exc):
             state = getattr(cause, "sqlstate", None)

@@ -88,6 +88,12 @@ class Recorder(Protocol):
         """Hold appenders off until this transaction ends (a rebuild of the projections)."""
         ...
 
+    def lock_for_removal(self, connection: Connection) -> None:
+        """Hold appenders off until this transaction ends, those that write blobs first
+        included (`artstore archive` removes blobs nothing else names: none may be named
+        by an append that found it stored before the removal)."""
+        ...
+
     # --- errors ---------------------------------------------------------------------
 
     def error_kind(self, exc: BaseException) -> ErrorKind | None:

@@ -138,6 +138,9 @@ class SQLiteRecorder:
     def lock_appends(self, connection: Connection) -> None:
         pass  # likewise
 
+    def lock_for_removal(self, connection: Connection) -> None:
+        pass  # likewise: the transaction holds the file's one write lock
+
     def error_kind(self, exc: BaseException) -> ErrorKind | None:
         for cause in causes(exc):
             code = getattr(cause, "sqlite_errorcode", None)

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import (
     AsyncIterator,
     Awaitable,
+    Callable,
     Collection,
     Iterable,
     Iterator,
@@ -370,6 +371,15 @@ class EventStore:
         """Wait until every append queued so far is committed."""
         if self._queue is not None:
             await self._queue.join()
+
+    async def write_transaction(self, work: Callable[[Connection], T]) -> T:
+        """Run `work` (synchronous SQL) in one of the writer's transactions and commit,
+        after every append queued so far: for work that writes events beside other rows
+        (`artstore archive`, `artstore restore`)."""
+        await self.flush()
+        self.database.refuse_writes()
+        assert self._writer is not None
+        return await self._writer_call(self._writer.transaction(work))
 
     async def _write_forever(self) -> None:
         assert self._queue is not None

@@ -138,6 +138,11 @@ blobs = Table(
     Column("codec", String(32)),
 )
 
+# `artstore archive`: while a row is here, the triggers let a DELETE of events and blobs
+# through (migration 0016). Only the archive's transaction writes one, and removes it
+# before it commits: no committed state holds a permit.
+archive_permits = Table("archive_permits", metadata, Column("run", NAME, primary_key=True))
+
 # PostgreSQL: a transaction that appends events holds an EXCLUSIVE lock on this empty
 # table until it commits (taken by a statement trigger on `events`), so that global
 # positions are handed out in commit order; appends with nothing to project share it in

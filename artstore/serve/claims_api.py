@@ -91,13 +91,15 @@ async def _start(
     request: Request, app: Services, registered: Any, started: Any, slot: RolloutClaim
 ) -> dict[str, Any]:
     """Start a claimed slot's rollout here, fenced by its claim."""
+    resumes = None
     if slot.previous_rollout_id is not None:
         previous = slot.previous_rollout_id
-        await abandon_rollout(app.store, previous, WORKER_GONE)
+        if await abandon_rollout(app.store, previous, WORKER_GONE):
+            resumes = previous  # its answered calls are served back, not paid again
         await app.rollouts.forget(previous)
     settings = registered.models[slot.role]
     scenario = started.scenarios[slot.scenario_index]
-    served, token = await app.rollouts.start_claimed(slot, settings, scenario)
+    served, token = await app.rollouts.start_claimed(slot, settings, scenario, resumes)
     return {
         "claim": dataclasses.asdict(slot),
         "scenario": scenario,

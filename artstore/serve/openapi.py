@@ -43,6 +43,11 @@ def _paths() -> dict[str, Any]:
         "group_id": {"type": "string", "description": "the group (a new one if not given)"},
         "role": {"type": "string", "enum": ["policy", "validation"]},
         "inference_model_name": {"type": "string"},
+        "resumes": {
+            "type": "string",
+            "description": "a rollout of the run that did not finish (its agent started "
+            "again): the answers it recorded are served back while the requests match",
+        },
     }
     finish_body = {
         "result": {"description": "any JSON"},
@@ -57,7 +62,10 @@ def _paths() -> dict[str, Any]:
                 "summary": "Start a rollout in a run",
                 "parameters": [_RUN],
                 "requestBody": _body(start_body, ["model"]),
-                "responses": {"201": _ok("started", started), **_errors(400, 401, 403, 413)},
+                "responses": {
+                    "201": _ok("started", started),
+                    **_errors(400, 401, 403, 404, 409, 413),
+                },
             }
         },
         **_rollout_paths(finish_body),

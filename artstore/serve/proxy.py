@@ -29,12 +29,13 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from artstore.capture.http import ProxiedCall
-from artstore.documents.exchanges import endpoint_for_url
+from artstore.capture.http import ProxiedCall, serve_recorded
+from artstore.documents.exchanges import endpoint_for_url, response_body
 from artstore.serve.errors import Refused, error_response
 from artstore.serve.limits import read_body
 
 if TYPE_CHECKING:
+    from artstore.capture.replay import RecordedCall
     from artstore.serve.rollouts import Served
 
 # Not relayed: hop-by-hop headers, and what httpx and Starlette set themselves.
@@ -83,6 +84,10 @@ class Proxy:
         call = _call_for(served, endpoint, body) if endpoint is not None else None
         if served is not None and served.ending:
             raise Refused(409, "rollout_ended", f"rollout {served.recorder.id} has ended")
+        if call is not None and endpoint is not None:
+            recorded = serve_recorded(call.rollout, endpoint, call.request)
+            if recorded is not None:  # the rollout resumes one that recorded this answer
+                return await _answer_from_record(*recorded)
         outgoing = self.client.build_request(
             request.method,
             self.upstream + "/" + path.lstrip("/"),
@@ -146,6 +151,25 @@ def _open(call: ProxiedCall) -> None:
     """The call is under way: ending its rollout now records it as incomplete."""
     with call.rollout.numbering:
         call.rollout.open_calls.add(call)
+
+
+async def _answer_from_record(recorded: RecordedCall, stored: asyncio.Future | None) -> Response:
+    """The answer the earlier attempt got, as it got it (a stream as a stream), once its
+    copy in this rollout is committed."""
+    if stored is None:
+        raise Refused(503, "not_recorded", "the call could not be recorded; it was not served")
+    try:
+        await asyncio.shield(stored)
+    except Exception as exc:
+        message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise Refused(503, "not_recorded", f"the call could not be recorded: {message}") from None
+    headers = {"x-artstore-replayed-from": recorded.event.call_id}
+    document = recorded.response
+    if "sse" in document:
+        chunks = [response_body({"sse": [event]}) for event in document["sse"]]
+        return StreamingResponse(iter(chunks), media_type="text/event-stream", headers=headers)
+    media_type = "application/json" if "json" in document else "text/plain"
+    return Response(response_body(document), media_type=media_type, headers=headers)
 
 
 def _is_stream(response: httpx.Response) -> bool:

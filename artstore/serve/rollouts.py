@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from artstore.arguments import check_json
-from artstore.capture.rollout import Rollout, open_rollout
+from artstore.capture.replay import Replay, load_replay
+from artstore.capture.rollout import Rollout, open_rollout, rollout_stream
 from artstore.errors import InvalidArgumentError
 from artstore.events import RewardsRecorded, RolloutFinished, new_id
 from artstore.groups import group_stream
@@ -29,6 +30,10 @@ from artstore.schema import tables as t
 from artstore.serve import tokens
 from artstore.serve.errors import Refused
 from artstore.workers.claims import rollout_check
+from artstore.workers.worker import abandon_rollout
+
+# Why an attempt ended when a new rollout resumed it (its agent started again).
+RESUMED = "a new rollout resumes this one: its agent started again"
 
 if TYPE_CHECKING:
     from artstore.store import Store
@@ -86,6 +91,7 @@ class Rollouts:
             check_name("inference_model_name", served_name, optional=True)
         except (InvalidArgumentError, ValueError) as exc:
             raise Refused(400, "invalid_request", _first_line(exc)) from None
+        replay = await self._replay_of(run, body.get("resumes"))
         rollout_id = new_id()
         token = await tokens.create_token(
             self.store,
@@ -110,14 +116,41 @@ class Rollouts:
             scenario_index=body.get("scenario_index"),
             role=role,
             rollout_id=rollout_id,
+            replay=replay,
         )
         return await self._serve(recorder, run, group_id, token), token
 
+    async def _replay_of(self, run: str, resumes: Any) -> Replay | None:
+        """The calls of the attempt a new rollout resumes (`resumes`: a rollout of `run`
+        that did not finish), to serve back; that attempt, if still running, ends first:
+        failed here if this process serves it, else recorded as abandoned."""
+        if resumes is None:
+            return None
+        try:
+            check_name("resumes", resumes)
+        except (InvalidArgumentError, ValueError) as exc:
+            raise Refused(400, "invalid_request", _first_line(exc)) from None
+        row = await rollout_row(self.store, resumes)
+        if row is None or row.run != run:
+            raise Refused(404, "not_found", f"run {run!r} has no rollout {resumes!r} to resume")
+        if row.status == "finished":
+            raise Refused(409, "rollout_finished", f"rollout {resumes} finished: nothing to resume")
+        earlier = self.by_id.get(resumes)
+        if earlier is not None and not earlier.ending:
+            await self.fail(earlier, {"error": {"type": "RolloutResumed", "message": RESUMED}})
+        elif row.status == "running":
+            await abandon_rollout(self.store, resumes, RESUMED)
+        return await load_replay(self.store.events, rollout_stream(resumes), resumes)
+
     async def start_claimed(
-        self, claim: Any, settings: dict[str, Any], scenario: Any
+        self, claim: Any, settings: dict[str, Any], scenario: Any, resumes: str | None = None
     ) -> tuple[Served, str]:
         """Start the rollout of a worker's claimed slot, fenced by the claim: its start,
-        finish and failure are written only while the claim's lease holds."""
+        finish and failure are written only while the claim's lease holds. `resumes`: the
+        slot's earlier rollout, abandoned, whose recorded answers are served back."""
+        replay = None
+        if resumes is not None:
+            replay = await load_replay(self.store.events, rollout_stream(resumes), resumes)
         token = await tokens.create_token(
             self.store,
             run=claim.run,
@@ -144,6 +177,7 @@ class Rollouts:
             policy_step=claim.policy_step if claim.role == "policy" else None,
             rollout_id=claim.rollout_id,
             check=check,
+            replay=replay,
         )
         return await self._serve(recorder, claim.run, claim.group_id, token, check), token
 

@@ -157,14 +157,13 @@ def durable_rollouts(
     run: str,
     scenario: Callable[P, Any] | None = None,
     key: Callable[P, Any] | None = None,
-    replay_calls: bool = False,
+    replay_calls: bool = True,
 ) -> Callable[P, Awaitable[art.Trajectory]]:
     """`rollout` made durable (see the module docstring); same signature, same result.
 
-    `replay_calls=True`: a rollout that an earlier process started and left running (it
-    died) is run again as a new rollout that resumes it, its recorded calls served back to
-    the agent (`artstore.capture.replay`). Opt-in until the guarantee matrix draws it: its
-    first long run found served copies counted as calls the server never received.
+    A rollout that an earlier process started and left running (it died) is run again as
+    a new rollout that resumes it, its recorded calls served back to the agent
+    (`artstore.capture.replay`); `replay_calls=False` runs it again from its first call.
     """
     check_store(store)
     check_callable("rollout", rollout)

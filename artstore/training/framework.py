@@ -161,8 +161,12 @@ class TrainingFramework:
         scenario_index: int | None = None,
         role: str = "policy",
         policy_step: int | None = None,
+        resumes: str | None = None,
     ) -> tuple[Any, str]:
         """Run the agent once on `scenario`, recorded; returns (result as stored, rollout id).
+
+        `resumes`: an attempt a crash interrupted, whose recorded calls are served back to the
+        agent while its requests match them (`artstore.capture.replay`).
 
         The file-based loop returned the path of a pickled log; the rollout id names the events that
         replace it. The agent is called as `agent_function(scenario, rollout_id)` (where it
@@ -178,6 +182,7 @@ class TrainingFramework:
             scenario_index=scenario_index,
             role=role,  # type: ignore[arg-type]
             policy_step=policy_step,
+            resumes=resumes,
         ) as rollout:
             result = agent_function(scenario, rollout.id)
             if inspect.isawaitable(result):
@@ -513,7 +518,7 @@ class TrainingFramework:
             await abandon_rollouts(store, done.running)
             note = (
                 f"{place}: {len(done.running)} rollouts in flight at a crash were recorded "
-                "as abandoned and rolled out again"
+                "as abandoned and rolled out again, resuming them from their recorded calls"
             )
             summary.reconciled.append(note)
             log.warning(note)
@@ -523,6 +528,10 @@ class TrainingFramework:
         if recipe.validation_model is not None:
             missing = max(0, recipe.validation_samples - len(done.validation))
             wanted += [(recipe.validation_model, "validation")] * missing
+        # Each policy rollout run again resumes one the crash interrupted, if any is left.
+        policy_wanted = sum(1 for _, role in wanted if role == "policy")
+        resumed = done.running_policy[:policy_wanted]
+        resumes = resumed + [None] * (len(wanted) - len(resumed))
         outcomes = await asyncio.gather(
             *(
                 self.execute_rollout(
@@ -534,8 +543,9 @@ class TrainingFramework:
                     scenario_index=place.scenario_index,
                     role=role,
                     policy_step=step if role == "policy" else None,
+                    resumes=resuming if role == "policy" else None,
                 )
-                for who, role in wanted
+                for (who, role), resuming in zip(wanted, resumes, strict=True)
             ),
             return_exceptions=True,
         )

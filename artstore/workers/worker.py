@@ -22,7 +22,9 @@ any scheduler on any host, as many as wanted, joining and leaving at any time. I
    and the worker carries on; else the worker returns.
 
 A worker that dies loses its leases: after they expire another worker claims the slots,
-records the dead worker's rollouts as abandoned, and rolls them out again. A worker that
+records the dead worker's rollouts as abandoned, and rolls them out again, each resuming
+the one it replaces (`artstore.capture.replay`: the calls it had answered are served back
+while the agent's requests match them). A worker that
 lost a lease (paused, cut off from the database) is refused by the database when it tries
 to end what it claimed; its heartbeat notices too, and stops those rollouts.
 
@@ -293,9 +295,10 @@ class Worker:
 
     async def _rollout(self, claim: RolloutClaim) -> None:
         try:
-            previous = claim.previous_rollout_id
+            previous, resumes = claim.previous_rollout_id, None
             if previous is not None and await abandon_rollout(self.store, previous, WORKER_GONE):
                 self.summary.abandoned += 1
+                resumes = previous  # its answered calls are served back, not paid again
             assert self.started is not None
             scenario = self.started.scenarios[claim.scenario_index]
             async with self.store.rollout(
@@ -308,6 +311,7 @@ class Worker:
                 policy_step=claim.policy_step if claim.role == "policy" else None,
                 rollout_id=claim.rollout_id,
                 check=claims.rollout_check(claim),
+                resumes=resumes,
             ) as recorder:
                 result = self.agent(copy.deepcopy(scenario), recorder.id)
                 if inspect.isawaitable(result):

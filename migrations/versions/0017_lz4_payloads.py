@@ -1,7 +1,7 @@
 """lz4_payloads: PostgreSQL compresses event payloads and blob bodies with lz4
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 Create Date: 2026-12-04 23:00:00.000000
 
 PostgreSQL compresses a value when its row is over ~2 KB (TOAST), with pglz by default.
@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0017"
-down_revision: str | None = "0015"
+down_revision: str | None = "0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -219,3 +219,35 @@ async def test_the_prompt_token_ids_of_a_prompt_holding_a_key_are_dropped(store,
     assert "prompt_token_ids" not in (exchange.response.model_extra or {})
     assert "[REDACTED]" in exchange.request["messages"][0]["content"]
     assert exchange.response.choices[0].model_extra.get("token_ids")  # the answer held no key
+
+
+class Died(Exception):
+    """Stands for the process dying inside the rollout."""
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_a_resumed_rollout_gives_arts_capture_the_answers_it_serves(store, tmp_path, stream):
+    """Calls served back from the record go through ART's hooks as sent ones do: the
+    resumed rollout's `Trajectory.exchanges` holds them, so ART trains it whole."""
+    async with LocalInferenceServer() as server:
+        model, _ = await served_trainable_model(server, tmp_path)
+        client = model.openai_client()
+        with pytest.raises(Died):
+            async with store.rollout(model, scenario={"city": "Oslo"}) as first:
+                with art.Trajectory() as before:
+                    await agent(client, model, "Oslo?", stream=stream)
+                raise Died
+        received = len(server.requests)
+        async with store.rollout(model, scenario={"city": "Oslo"}, resumes=first.id) as again:
+            captured = await art.trajectory(agent(client, model, "Oslo?", stream=stream))
+        assert len(server.requests) == received  # every answer served from the record
+
+    served, original = captured.exchanges.chat_completions, before.exchanges.chat_completions
+    assert len(served) == len(original) == 2
+    assert [e.request for e in served] == [e.request for e in original]
+    assert [e.response for e in served] == [e.response for e in original]
+    projected = (await store.trajectory(again.id)).exchanges.chat_completions
+    # As ART took them, but timed by the serve (the times ART measured are not recorded).
+    assert [(e.request, e.response) for e in projected] == [(e.request, e.response) for e in served]
+    calls = [e.data for e in await store.read_stream(again.stream_id) if e.type == "llm.call"]
+    assert [(bool(c["replayed_from"]), c["art_exchange"]) for c in calls] == [(True, True)] * 2

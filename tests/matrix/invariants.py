@@ -118,25 +118,31 @@ def received_requests(workdir: Path) -> list[dict[str, Any]]:
     return found
 
 
-async def recorded_call_nonces(store: Any) -> Counter[str]:
-    """How many kept `llm.call` events hold each answer the server gave."""
+async def kept_calls(store: Any) -> list[dict[str, Any]]:
+    """The `llm.call` events no later call supersedes (a call recorded whole replaces the
+    incomplete one recorded before it), in log order."""
     events = [e.data for e in await store.read_all(limit=1_000_000, types=["llm.call"])]
     superseded = {e["supersedes"] for e in events if e.get("supersedes")}
-    kept = [e for e in events if e["call_id"] not in superseded]
-    bodies = await store.get_blobs({e["output"] for e in kept if e.get("output")})
-    nonces: Counter[str] = Counter()
-    for event in kept:
-        nonces.update(set(NONCE.findall(bodies.get(event.get("output") or "", ""))))
-    return nonces
+    return [e for e in events if e["call_id"] not in superseded]
+
+
+async def answer_nonces(store: Any, calls: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """call id -> the server's answers (their nonces) its recorded output holds."""
+    bodies = await store.get_blobs({c["output"] for c in calls if c.get("output")})
+    return {c["call_id"]: set(NONCE.findall(bodies.get(c.get("output") or "", ""))) for c in calls}
 
 
 async def calls_recorded_equal_calls_received(store: Any, workdir: Path, outcome: Outcome) -> None:
     """`v_llm_calls` holds the requests the servers received, each once, by number of
     input messages; no answer is in two recorded calls. A request received by a child
-    that was killed may be missing (its response died with it), never doubled."""
+    that was killed may be missing (its response died with it), never doubled. A call a
+    resumed rollout was served from its earlier attempt's record (`replayed_from`) is a
+    copy the server never saw: it is counted with the call it copies, not again."""
+    calls = await kept_calls(store)
+    copies = {c["call_id"] for c in calls if c.get("replayed_from")}
     async with store.database.read() as connection:
-        rows = await connection.execute(text("SELECT num_input_messages FROM v_llm_calls"))
-        recorded = Counter(row.num_input_messages for row in rows)
+        rows = await connection.execute(text("SELECT call_id, num_input_messages FROM v_llm_calls"))
+        recorded = Counter(row.num_input_messages for row in rows if row.call_id not in copies)
     requests = received_requests(workdir)
     received = Counter(r["messages"] for r in requests)
     extra = recorded - received
@@ -147,8 +153,52 @@ async def calls_recorded_equal_calls_received(store: Any, workdir: Path, outcome
         f"calls received by children that were not killed are not recorded: {dict(missing)}"
         f" (recorded {dict(recorded)}, received {dict(received)})"
     )
-    doubled = [n for n, count in (await recorded_call_nonces(store)).items() if count > 1]
+    nonces = await answer_nonces(store, calls)
+    paid = Counter(n for call_id, found in nonces.items() if call_id not in copies for n in found)
+    doubled = [n for n, count in paid.items() if count > 1]
     assert not doubled, f"{len(doubled)} answers are recorded in two calls"
+
+
+async def no_recorded_call_paid_twice(store: Any) -> None:
+    """A rollout that resumes an earlier attempt is served the answers that attempt got
+    (from HTTP, not failed), in order, each a copy holding the same answer; once finished,
+    it was served every one of them (the agents are deterministic: the same answers bring
+    the same requests), so none went to the server again; no call is copied twice."""
+    started = [e.data for e in await store.read_all(limit=1_000_000, types=["rollout.started"])]
+    resumed = {e["rollout_id"]: e["resumes"] for e in started if e.get("resumes")}
+    if not resumed:
+        return
+    diverged = await store.read_all(limit=1_000_000, types=["llm.replay_diverged"])
+    assert not diverged, f"a deterministic agent diverged from its record: {diverged[0].data}"
+    calls: dict[str, list[dict[str, Any]]] = {}  # rollout id -> its llm.call events
+    for event in await store.read_all(limit=1_000_000, types=["llm.call"]):
+        calls.setdefault(event.stream_id.removeprefix("rollout-"), []).append(event.data)
+    nonces = await answer_nonces(store, [call for each in calls.values() for call in each])
+    finished = set(await finished_rollout_ids(store))
+    for rollout_id, earlier in resumed.items():
+        answered = _answered_over_http(calls.get(earlier, []))
+        mine = calls.get(rollout_id, [])
+        superseded = {c["supersedes"] for c in mine if c.get("supersedes")}
+        kept = [c for c in mine if c["call_id"] not in superseded]
+        copies = [c for c in kept if c.get("replayed_from")]
+        origins = [c["replayed_from"] for c in copies]
+        expected = answered if rollout_id in finished else answered[: len(origins)]
+        assert origins == expected, f"{rollout_id} resumes {earlier}: copies {origins}/{answered}"
+        for copy in copies:
+            assert nonces[copy["call_id"]] == nonces[copy["replayed_from"]], (
+                f"{copy['call_id']} holds another answer than the call it copies"
+            )
+
+
+def _answered_over_http(calls: list[dict[str, Any]]) -> list[str]:
+    """Ids of the calls a resumed attempt serves: recorded from HTTP with the request and
+    the answer, not failed; the first at each position."""
+    first: dict[int, str] = {}
+    for call in calls:
+        whole = call.get("request") and call.get("output") and not call.get("error_type")
+        if call.get("source") == "http" and whole:
+            first.setdefault(call["index"], call["call_id"])
+    return [first[i] for i in sorted(first)]
 
 
 async def no_credential_stored(store: Any, url: str, secret: str, folder: Path) -> None:
@@ -179,6 +229,7 @@ async def broken(store: Any, url: str, workdir: Path, outcome: Outcome, secret: 
         "calls recorded differ from calls received": calls_recorded_equal_calls_received(
             store, workdir, outcome
         ),
+        "recorded call paid twice": no_recorded_call_paid_twice(store),
         "credential stored": no_credential_stored(store, url, secret, workdir / "leaks"),
         "rollout token stored": no_rollout_token_stored(store, url, workdir),
     }

@@ -236,18 +236,26 @@ async def gathering_loop(context: Context, rollout: Any, record: str) -> None:
     await backend.close()
 
 
-def durable_openai_rollout(context: Context) -> Any:
+def durable_openai_rollout(context: Context, replay_calls: bool = True) -> Any:
     import artstore
 
     async def rollout(model: Any, scenario: dict[str, Any]) -> Any:
         return await openai_agent(context, model, scenario)
 
-    return artstore.durable_rollouts(context.store, retried(context, rollout), run=RUN)
+    return artstore.durable_rollouts(
+        context.store, retried(context, rollout), run=RUN, replay_calls=replay_calls
+    )
 
 
 async def user_loop(context: Context) -> None:
     """recording_backend + durable_rollouts + group_recorder (the docs' own loop)."""
     await gathering_loop(context, durable_openai_rollout(context), "after_each")
+
+
+async def user_loop_live(context: Context) -> None:
+    """The docs' loop with `durable_rollouts(replay_calls=False)`: a rollout a killed child
+    left running is rolled out again from its first call."""
+    await gathering_loop(context, durable_openai_rollout(context, replay_calls=False), "after_each")
 
 
 async def record_group_loop(context: Context) -> None:
@@ -387,6 +395,7 @@ LANGGRAPH = ("langgraph", "langgraph-stream", "langgraph-checkpointed")
 PATTERNS: dict[str, Pattern] = {
     "serve": Pattern(serve, OPENAI),
     "user-loop": Pattern(user_loop, OPENAI),
+    "user-loop-live": Pattern(user_loop_live, OPENAI),
     "record-group": Pattern(record_group_loop, OPENAI),
     "langgraph-loop": Pattern(langgraph_loop, LANGGRAPH),
     "training-framework": Pattern(training_framework, OPENAI + LANGGRAPH),

@@ -89,19 +89,25 @@ async def agent_answer(context: Context, base_url: str, scenario: dict[str, Any]
 
 
 async def served_rollout(
-    context: Context, http: Any, address: str, scenario: dict[str, Any], group_id: str
+    context: Context,
+    http: Any,
+    address: str,
+    scenario: dict[str, Any],
+    group_id: str,
+    resumes: str | None = None,
 ) -> None:
-    """One rollout through the API: started, its agent run, finished with its reward or
-    failed with the agent's error."""
-    started = await http.post(
-        f"{address}/api/runs/{RUN}/rollouts",
-        json={
-            "model": "agent",
-            "scenario": scenario,
-            "scenario_index": scenario["id"],
-            "group_id": group_id,
-        },
-    )
+    """One rollout through the API: started (resuming `resumes`, a rollout a killed child
+    left running, when given), its agent run, finished with its reward or failed with the
+    agent's error."""
+    body = {
+        "model": "agent",
+        "scenario": scenario,
+        "scenario_index": scenario["id"],
+        "group_id": group_id,
+    }
+    if resumes is not None:
+        body["resumes"] = resumes
+    started = await http.post(f"{address}/api/runs/{RUN}/rollouts", json=body)
     assert started.status_code == 201, started.text
     rollout = started.json()
     with open(context.workdir / ROLLOUT_TOKENS, "a") as tokens:
@@ -130,7 +136,8 @@ async def sealed_group(
     context: Context, model: Any, http: Any, address: str, step: int, scenario: dict[str, Any]
 ) -> None:
     """The scenario's group of the step, rolled out until GROUP_SIZE rollouts finished
-    (a failed or abandoned one is rolled out again), then sealed as it is."""
+    (a failed or abandoned one is rolled out again; one a killed child left running is
+    resumed, its recorded answers served back by the proxy), then sealed as it is."""
     import art
 
     import artstore
@@ -145,8 +152,10 @@ async def sealed_group(
         missing = GROUP_SIZE - len(done.policy)
         if missing <= 0:
             break
+        resumes = done.running_policy[:missing]
+        resumes += [None] * (missing - len(resumes))
         await asyncio.gather(
-            *(served_rollout(context, http, address, scenario, group_id) for _ in range(missing))
+            *(served_rollout(context, http, address, scenario, group_id, r) for r in resumes)
         )
     ids = done.policy[:GROUP_SIZE]
     trajectories = await store.trajectories(ids)

@@ -341,12 +341,12 @@ async def test_0017_sets_lz4_on_postgresql_and_changes_nothing_on_sqlite(empty_d
             at_0017 = dict((await connection.execute(compression)).all()) if postgres else {}
             has_lz4 = postgres and (await connection.execute(lz4)).scalar()
         async with engine.begin() as connection:
-            await connection.run_sync(downgrade_to, "0015")
-            at_0015 = dict((await connection.execute(compression)).all()) if postgres else {}
-            assert await connection.run_sync(migrate.current_revision) == "0015"
+            await connection.run_sync(downgrade_to, "0016")
+            at_0016 = dict((await connection.execute(compression)).all()) if postgres else {}
+            assert await connection.run_sync(migrate.current_revision) == "0016"
     finally:
         await engine.dispose()
     if postgres:
         assert set(at_0017) == {"events.data", "blobs.body"}
         assert set(at_0017.values()) == ({"l"} if has_lz4 else {""})
-        assert set(at_0015.values()) == ({"p"} if has_lz4 else {""})
+        assert set(at_0016.values()) == ({"p"} if has_lz4 else {""})

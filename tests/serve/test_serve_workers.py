@@ -2,7 +2,8 @@
 
 A worker subprocess given no database URL claims, runs and finishes whole rollouts through
 the server, SIGKILLed mid-rollout a few times on the way (more under ARTSTORE_LONG=1):
-nothing is lost, nothing recorded twice. A worker whose lease expired is refused by the
+nothing is lost, nothing recorded twice, and each rollout redone resumes the one the kill
+left, its answered call served back by the proxy. A worker whose lease expired is refused by the
 database when it finishes (fencing), through the API as in-process. Workers need
 PostgreSQL; a server on SQLite refuses the claims API with one clear line.
 """
@@ -18,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from budget import budget
+from matrix.invariants import no_recorded_call_paid_twice
 from serving import serving
 from sqlalchemy import func, select, text, update
 from waiting import eventually
@@ -157,12 +159,17 @@ async def test_a_worker_without_a_database_runs_whole_rollouts_through_the_serve
         ended = await ends(store)
         async with store.database.read() as connection:
             rewards = (await connection.execute(text("SELECT count(*) FROM rewards"))).scalar_one()
+        # Each rollout redone resumed the one it replaced: its recorded answer served back.
+        await no_recorded_call_paid_twice(store)
+        calls = await store.read_all(limit=10_000, types=["llm.call"])
+        served_back = sum(1 for call in calls if call.data.get("replayed_from"))
 
     assert all(len(events) == 1 for events in ended.values()), ended  # nothing twice
     outcomes = Counter(events[0] for events in ended.values())
     assert outcomes["finished"] == groups * 2, outcomes  # nothing lost
     assert set(outcomes) <= {"finished", "RolloutAbandoned"}, outcomes
     assert outcomes["RolloutAbandoned"] >= KILLS  # each kill left one in flight
+    assert served_back >= KILLS, served_back  # ... with a call answered, not paid again
     assert rewards == groups * 2
     assert "rollouts finished" in log.read_text()
 

@@ -88,24 +88,27 @@ def processes() -> Any:
     return forkserver(["matrix.child", "art", "openai", "artstore.store", "langgraph.prebuilt"])
 
 
-def check_case(case: Case, templates: Any, processes: Any) -> None:
-    """Run `case` on a fresh database and assert it kept every invariant."""
+def check_case(case: Case, templates: Any, processes: Any) -> int:
+    """Run `case` on a fresh database and assert it kept every invariant; return how many
+    calls were served from a record (resumed rollouts' copies)."""
     with tempfile.TemporaryDirectory(prefix="matrix-") as folder:
         workdir = Path(folder)
         (workdir / "leaks").mkdir()
         api_key = "sk-matrix-" + secrets.token_hex(16)
         with fresh_database(templates, case.database, workdir) as url:
-            asyncio.run(run_and_check(case, processes, url, workdir, api_key))
+            return asyncio.run(run_and_check(case, processes, url, workdir, api_key))
 
 
-async def run_and_check(case: Case, processes: Any, url: str, workdir: Path, key: str) -> None:
+async def run_and_check(case: Case, processes: Any, url: str, workdir: Path, key: str) -> int:
     outcome = await run_case(processes, case, url, workdir, key)
     if case.failure != "none":  # a case that injected nothing would test nothing
         assert list(workdir.glob("fault-*")), f"{case}: its failure was never injected"
     async with await artstore.open_store(url) as store:
         found = await broken(store, url, workdir, outcome, key)
+        calls = await store.read_all(limit=1_000_000, types=["llm.call"])
     starts = [s.exit_code for s in outcome.starts]
     assert not found, f"{case} (starts {starts}, fired {outcome.fired}):\n" + "\n".join(found)
+    return sum(1 for call in calls if call.data.get("replayed_from"))
 
 
 def ci_cases() -> list[Case]:
@@ -141,6 +144,29 @@ def test_a_pattern_failing_and_killed_keeps_every_invariant(
 ) -> None:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     check_case(case, migrated_templates, processes)
+
+
+def replay_cases() -> list[Case]:
+    """Rollouts killed after their LLM call (the `rollout` point: a sibling of the group
+    finished), resumed from their record: by `durable_rollouts`, streamed and not, by
+    `TrainingFramework`, and through `artstore serve` (a new rollout that `resumes` it)."""
+    return [
+        Case("user-loop", "openai", "http-error", ("rollout:1",), "postgresql"),
+        Case("user-loop", "openai-stream", "none", ("rollout:1", "rollout:1"), "sqlite"),
+        Case("training-framework", "langgraph", "none", ("rollout:1",), "sqlite"),
+        Case("serve", "openai-stream", "none", ("rollout:1",), "postgresql"),
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", replay_cases(), ids=lambda case: case.id)
+def test_a_rollout_killed_after_its_call_is_served_its_record(
+    case: Case, migrated_templates: Any, processes: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The calls the killed rollouts recorded were served back, not paid for again."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    served = check_case(case, migrated_templates, processes)
+    assert served >= len(case.kills), f"{case}: {served} calls served from a record"
 
 
 @pytest.mark.slow

@@ -15,8 +15,9 @@ trains, the test
 
 Then every scenario's groups of every epoch are sealed and complete, no group was
 consumed twice (the store, the train steps and the backend's checkpoints agree), no
-finished rollout was lost, and every rollout either finished, failed (stopped by its
-worker) or was abandoned and redone.
+finished rollout was lost, every rollout either finished, failed (stopped by its
+worker) or was abandoned and redone, and each redone rollout resumed the one it replaced:
+the answers that one had recorded were served back, none paid for again.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 import pytest
 import worker_storm as storm
 from budget import budget
+from matrix.invariants import no_recorded_call_paid_twice
 from sqlalchemy import bindparam, select, text
 from training_helpers import assert_consistent, rows
 from waiting import eventually
@@ -330,6 +332,9 @@ async def check(
     failures = Counter(r.error_type for r in rollouts.values() if r.status == "failed")
     assert set(failures) <= {"RolloutAbandoned", "CancelledError"}, failures
     assert failures["RolloutAbandoned"] > 0  # killed workers' rollouts were redone
+    # Each redone rollout resumed the one it replaced: the answers that one had recorded
+    # were served back from the store, in order, none sent to the server again.
+    await no_recorded_call_paid_twice(store)
 
     # The paused worker's slots were taken over: what it had in flight never finished (it
     # was abandoned, or its start was refused), and its heartbeat or its write found the
