@@ -28,9 +28,9 @@ the sizes compared. What it models, and why:
   near 0 (exponential, mean 0.3), the alternatives lower.
 - **Failures and retries**: 2% of LLM calls fail (a rate limit or a timeout, recorded
   with its error and no output) and are retried at once with the same input; 3% of
-  rollouts fail (a tool raises: `rollout.failed` with a traceback) and are retried once
-  with a new rollout id in the same group, so a group is 8 finished rollouts plus its
-  failed attempts. Rewards are recorded for the finished ones.
+  rollout attempts fail (a tool raises: `rollout.failed` with a traceback) and the group
+  tries again with a new rollout id, so a group is 8 finished rollouts plus its failed
+  attempts (never more failed than finished ones before each attempt). Rewards are recorded for the finished ones.
 - **Training**: every group is rewarded (scorer `correct`), sealed and trained at its
   step (`train_step.started` / `completed`), as in bench_queries.py.
 
@@ -508,6 +508,7 @@ class Corpus:
                     + timedelta(seconds=step * 3600 + scenario.index * 60 + len(failed + finished)),
                     tools=tools,
                 )
+                # No more failed attempts than finished ones: a group always fills.
                 fails = not failed[len(finished) :] and rng.random() < ROLLOUT_FAILURE_RATE
                 appends.append(_conversation(words, attempt, fails))
                 (failed if fails else finished).append(attempt.rollout_id)
