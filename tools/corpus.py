@@ -30,7 +30,8 @@ the sizes compared. What it models, and why:
   with its error and no output) and are retried at once with the same input; 3% of
   rollout attempts fail (a tool raises: `rollout.failed` with a traceback) and the group
   tries again with a new rollout id, so a group is 8 finished rollouts plus its failed
-  attempts (never more failed than finished ones before each attempt). Rewards are recorded for the finished ones.
+  attempts (never more failed than finished ones before each attempt). Rewards are
+  recorded for the finished ones.
 - **Training**: every group is rewarded (scorer `correct`), sealed and trained at its
   step (`train_step.started` / `completed`), as in bench_queries.py.
 
