@@ -14,13 +14,14 @@ refuses what standard JSON cannot hold.
 
 How a blob's text is kept in the `blobs` table is a codec layer under this: the row holds
 either the text itself (`codec` NULL, every blob written before codecs existed) or a
-compact form that reads back as exactly that text (`blob_codec.py`: token logprobs as
-columns). The hash is always the sha256 of the text, never of the stored form: a blob
-has one hash whatever form it is stored in, the same document sent twice is stored once,
-and the text read back can be checked against its hash. Code that reads blob bodies reads
-them through `read_blob_texts` (their texts) or `read_stored_blobs` (each blob's text or
-document on demand: a rebuild takes the documents, decoded from the compact form without
-a detour through the text), never `blobs.body` itself.
+form that reads back as exactly that text (`blob_codec.py`: token logprobs as columns;
+`blob_deflate.py`: the text or that form compressed). The hash is always the sha256 of
+the text, never of the stored form: a blob has one hash whatever form it is stored in,
+the same document sent twice is stored once, and the text read back can be checked
+against its hash. Code that reads blob bodies reads them through `read_blob_texts`
+(their texts) or `read_stored_blobs` (each blob's text or document on demand: a rebuild
+takes the documents, decoded from the compact form without a detour through the text),
+never `blobs.body` itself.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import pydantic_core
 from sqlalchemy import Connection, select
 
 from artstore.errors import BlobReadError
-from artstore.eventstore import blob_codec
+from artstore.eventstore import blob_codec, blob_deflate
 from artstore.schema.tables import blobs
 
 # `json.dumps` with these arguments builds this encoder on every call; made once, it
@@ -137,18 +138,19 @@ def encode_blob(value: Any) -> tuple[str, str]:
 
 
 def blob_row(digest: str, text: str) -> dict[str, Any]:
-    """The `blobs` row that stores `text`: its compact form where it has one."""
-    body, codec = blob_codec.compact(text, blob_json)
+    """The `blobs` row that stores `text`: its compact form where it has one, deflated
+    where that is shorter (`blob_deflate.py`)."""
+    body, codec = blob_deflate.deflate(*blob_codec.compact(text, blob_json))
     return {"hash": digest, "body": body, "codec": codec, "size": len(body)}
 
 
 def blob_text(body: str, codec: str | None) -> str:
     """A blob's text from its row's `body` and `codec`."""
-    return blob_codec.expand(body, codec, blob_json)
+    return blob_codec.expand(*blob_deflate.inflate(body, codec), blob_json)
 
 
 class StoredBlob(NamedTuple):
-    """A `blobs` row as stored: the text itself (`codec` None) or its compact form."""
+    """A `blobs` row as stored: the text itself (`codec` None) or another form of it."""
 
     hash: str
     body: str
@@ -174,12 +176,16 @@ class StoredBlob(NamedTuple):
                 return pydantic_core.from_json(self.body)  # ~2x as fast as json.loads
             except ValueError:  # a lone surrogate, which only Python's json reads
                 return load_blob(self.body)
-        document = blob_codec.expand_document(self.body, self.codec)
+        body, codec = blob_deflate.inflate(self.body, self.codec)
+        if codec is None:  # the text, deflated
+            self._check(body)
+            return StoredBlob(self.hash, body, None).document()
+        document = blob_codec.expand_document(body, codec)
         self._check(blob_json(document))
         return document
 
     def _check(self, text: str) -> None:
-        # A compact body is written out again on reading (blob_codec's docstring): its
+        # A stored form is turned back into text on reading (blob_codec's docstring): its
         # hash is checked, so that no other text is ever handed out under it.
         if blob_hash(text) != self.hash:
             raise BlobReadError(

@@ -21,7 +21,8 @@ from sqlalchemy import insert, select
 from artstore.errors import BlobReadError
 from artstore.events import RunFinished
 from artstore.eventstore import NO_STREAM
-from artstore.eventstore.blob_codec import CODEC, expand_document
+from artstore.eventstore.blob_codec import CODEC, compact, expand_document
+from artstore.eventstore.blob_deflate import DEFLATE, inflate
 from artstore.eventstore.blobs import (
     StoredBlob,
     blob_hash,
@@ -167,11 +168,13 @@ def test_compact_form_reads_back_as_the_same_text_and_document():
         row = blob_row(blob_hash(text), text)
         assert blob_text(row["body"], row["codec"]) == text
         assert row["size"] == len(row["body"])
-        json.loads(row["body"])  # still JSON
-        if row["codec"] is not None:
+        body, codec = compact(text, blob_json)  # the columns layer alone
+        json.loads(body)  # still JSON
+        if codec is not None:
             compacted += 1
-            assert row["codec"] == CODEC and len(row["body"]) < len(text)
-            assert same(expand_document(row["body"]), json.loads(text))
+            assert codec == CODEC and len(body) < len(text)
+            assert same(expand_document(body), json.loads(text))
+            assert row["codec"] in (CODEC, f"{DEFLATE}:{CODEC}")
     assert compacted > 300  # most of them: the codec is not skipped
 
 
@@ -214,16 +217,18 @@ def test_a_logprob_list_is_stored_in_a_fraction_of_its_text():
     ]
     entries[3]["logprob"] = -math.inf
     text = blob_json({"logprobs": {"content": entries, "refusal": None}})
+    body, codec = compact(text, blob_json)
+    assert codec == CODEC and len(body) < 0.3 * len(text)
     row = blob_row(blob_hash(text), text)
-    assert row["codec"] == CODEC and len(row["body"]) < 0.3 * len(text)
-    assert blob_text(row["body"], row["codec"]) == text
+    assert len(row["body"]) <= len(body) and blob_text(row["body"], row["codec"]) == text
 
 
 def test_text_the_codec_cannot_reproduce_is_stored_as_it_is():
     entries = [{"token": "a", "logprob": -1.5, "bytes": [97]}] * 40
     # Spaced like json.dumps' default, not like blob_json: kept as written.
     text = json.dumps({"logprobs": {"content": entries}})
-    assert blob_row(blob_hash(text), text)["codec"] is None
+    assert compact(text, blob_json) == (text, None)
+    assert blob_row(blob_hash(text), text)["codec"] == DEFLATE  # only deflated
     assert blob_row("h", "[1, 2]") == {"hash": "h", "body": "[1, 2]", "codec": None, "size": 6}
 
 
@@ -240,7 +245,7 @@ async def test_blobs_round_trip_through_the_store(store):
     assert await store.get_blobs(hashes) == texts
     async with store.database.read() as connection:
         rows = (await connection.execute(select(blobs.c.hash, blobs.c.codec))).all()
-    assert sum(row.codec == CODEC for row in rows) > 60
+    assert sum((row.codec or "").endswith(CODEC) for row in rows) > 60
 
 
 async def test_blobs_stored_before_the_codec_still_read_back(store):
@@ -262,7 +267,7 @@ async def test_a_compact_body_that_does_not_read_back_as_its_text_is_refused(sto
     entries = [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": []}] * 40
     text = blob_json({"logprobs": {"content": entries}})
     row = blob_row(blob_hash(text), text)
-    assert row["codec"] == CODEC
+    assert row["codec"] == f"{DEFLATE}:{CODEC}"
     other = blob_json({"logprobs": {"content": entries[:-1]}})
     wrong = {**blob_row(blob_hash(other), other), "hash": row["hash"]}  # another list's body
     async with store.database.write() as connection:
@@ -288,6 +293,63 @@ async def test_texts_at_hand_are_read_from_memory_and_the_rest_from_the_table(st
         blob_hash(stored): stored,
         blob_hash(in_memory): in_memory,
     }
-    assert found[blob_hash(stored)].codec == CODEC  # the row, as stored
+    assert found[blob_hash(stored)].codec == f"{DEFLATE}:{CODEC}"  # the row, as stored
     assert found[blob_hash(in_memory)].codec is None  # the text, from memory
     assert found[blob_hash(in_memory)].document() == {"role": "user", "content": "only in memory"}
+
+
+# --- the deflate layer (issue 29) ---------------------------------------------------------
+
+
+def test_deflated_bodies_read_back_as_the_same_text_and_document():
+    rng = random.Random(SEED + 3)
+    deflated = 0
+    prose = " ".join(
+        rng.choice(["alpha", "beta", "gamma", "\u00e9t\u00e9", "\x00"]) for _ in range(400)
+    )
+    documents = [random_document(rng) for _ in range(300)]
+    documents += [{"role": "tool", "content": prose}, ["\ud800", prose, {"a": -math.inf}]]
+    for document in documents:
+        text = blob_json(document)
+        row = blob_row(blob_hash(text), text)
+        stored = StoredBlob(row["hash"], row["body"], row["codec"])
+        assert stored.text() == text and blob_text(row["body"], row["codec"]) == text
+        assert same(stored.document(), json.loads(text))
+        if (row["codec"] or "").startswith(DEFLATE):
+            deflated += 1
+            assert row["body"].isascii() and len(row["body"]) < len(text)
+            assert inflate(row["body"], row["codec"])[1] in (None, CODEC)
+    assert deflated > 200
+
+
+def test_a_deflated_body_that_does_not_inflate_or_hash_is_refused():
+    prose = blob_json({"role": "tool", "content": "words and more words " * 40})
+    row = blob_row(blob_hash(prose), prose)
+    assert row["codec"] == DEFLATE
+    for body, digest in ((row["body"][:-8] + "AAAAAAA=", row["hash"]), (row["body"], "0" * 64)):
+        stored = StoredBlob(digest, body, row["codec"])
+        with pytest.raises(BlobReadError):
+            stored.text()
+        with pytest.raises(BlobReadError):
+            stored.document()
+
+
+async def test_deflated_blobs_round_trip_byte_identical_through_the_store(store):
+    """Both databases: every text read back is the text appended, character for character."""
+    rng = random.Random(SEED + 4)
+    words = ["the", "of", "tool", "result", "\u00fcber", "\u2603", "page", "row"]
+    texts = {}
+    for _ in range(60):
+        prose = " ".join(rng.choice(words) for _ in range(rng.randrange(10, 3000)))
+        for document in ({"type": "tool", "data": {"content": prose}}, random_document(rng)):
+            text = blob_json(document)
+            texts[blob_hash(text)] = text
+    await store.append("run-d", [RunFinished(run="d")], NO_STREAM, blobs=texts)
+    assert await store.get_blobs(list(texts)) == texts
+    async with store.database.read() as connection:
+        rows = (await connection.execute(select(blobs.c.hash, blobs.c.codec))).all()
+        found = await connection.run_sync(read_stored_blobs, list(texts))
+    assert sum((row.codec or "").startswith(DEFLATE) for row in rows) >= 60
+    for digest, blob in found.items():
+        assert blob.text() == texts[digest]
+        assert same(blob.document(), json.loads(texts[digest]))

@@ -321,3 +321,32 @@ async def test_0012_adds_v_runs_model_key_and_the_reader_keeps_reading_v_runs(em
         await engine.dispose()
     assert at_0012[:4] == ["run", "project", "model", "model_key"]
     assert at_0011 == [c for c in at_0012 if c != "model_key"]
+
+
+async def test_0017_sets_lz4_on_postgresql_and_changes_nothing_on_sqlite(empty_database_url):
+    """PostgreSQL with lz4: every text and JSON column compresses with it; down: pglz."""
+    engine = create_async_engine(resolve_url(empty_database_url))
+    compression = text(
+        "SELECT c.relname || '.' || a.attname, a.attcompression::text FROM pg_attribute a "
+        "JOIN pg_class c ON c.oid = a.attrelid WHERE c.relname IN ('events', 'blobs') "
+        "AND a.attname IN ('data', 'body')"
+    )
+    lz4 = text(
+        "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+    )
+    try:
+        async with engine.begin() as connection:
+            await connection.run_sync(migrate.upgrade, "0017")
+            postgres = connection.dialect.name == "postgresql"
+            at_0017 = dict((await connection.execute(compression)).all()) if postgres else {}
+            has_lz4 = postgres and (await connection.execute(lz4)).scalar()
+        async with engine.begin() as connection:
+            await connection.run_sync(downgrade_to, "0016")
+            at_0016 = dict((await connection.execute(compression)).all()) if postgres else {}
+            assert await connection.run_sync(migrate.current_revision) == "0016"
+    finally:
+        await engine.dispose()
+    if postgres:
+        assert set(at_0017) == {"events.data", "blobs.body"}
+        assert set(at_0017.values()) == ({"l"} if has_lz4 else {""})
+        assert set(at_0016.values()) == ({"p"} if has_lz4 else {""})
