@@ -217,7 +217,8 @@ async def test_recorded_tools_are_served_back_and_others_run_again(store: Any) -
 
 
 async def test_a_langgraph_agent_resumed_gets_its_chat_model_calls_back(store: Any) -> None:
-    """artstore's `init_chat_model` in a ReAct graph: stopped after 4 model calls, resumed."""
+    """artstore's `init_chat_model` in a ReAct graph: stopped after 4 model calls, resumed;
+    its tool, a LangGraph tool over `artstore.recorded_tool`, runs once per step in all."""
     import warnings
 
     from langchain_core.tools import tool
@@ -228,9 +229,13 @@ async def test_a_langgraph_agent_resumed_gets_its_chat_model_calls_back(store: A
         warnings.simplefilter("ignore")
         from langgraph.prebuilt import create_react_agent
 
+    runs: list[int] = []
+
     @tool
+    @artstore.recorded_tool
     def step(n: int) -> str:
         """One step of the task."""
+        runs.append(n)
         return f"step {n} ok"
 
     def graph() -> Any:  # inside a rollout: its chat model is the rollout's
@@ -253,6 +258,7 @@ async def test_a_langgraph_agent_resumed_gets_its_chat_model_calls_back(store: A
         sent = server.requests[before:]
     assert len(sent) == CALLS - 4
     assert resumed.result == f"done: step {CALLS - 2} ok"
+    assert runs == list(range(CALLS - 1))  # the 3 results recorded before: served back
     calls = await calls_of(store, resumed.id)
     earlier_calls = await calls_of(store, earlier.id)
     assert [c.index for c in calls] == list(range(CALLS))
