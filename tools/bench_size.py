@@ -39,21 +39,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import secrets
-import shutil
 import sqlite3
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before `art` is imported
 
 import corpus  # tools/corpus.py, beside this file
 import psycopg
-from sqlalchemy.engine import make_url
+from bench_queries import Place  # a temporary folder and fresh PostgreSQL databases
 
 import artstore
 from artstore.art_versions import parquet_format_version
@@ -63,42 +60,6 @@ DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/test"
 DATABASES = ("sqlite", "postgresql")
 TARGETS = {"sqlite": 5.0, "postgresql": 3.0}  # x the parquet files, at most
 MIB = 1024 * 1024
-
-
-@dataclass
-class Place:
-    """A temporary folder (SQLite file, parquet files) and fresh PostgreSQL databases."""
-
-    postgres_url: str
-    folder: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="bench_size_")))
-    created: list[str] = field(default_factory=list)
-
-    @property
-    def sqlite_file(self) -> Path:
-        return self.folder / "artstore.db"
-
-    @property
-    def parquet_dir(self) -> Path:
-        return self.folder / "parquet"
-
-    def admin_conninfo(self) -> str:
-        url = make_url(self.postgres_url).set(drivername="postgresql")
-        return url.render_as_string(hide_password=False)
-
-    def postgres_database(self) -> str:
-        name = f"bench_size_{secrets.token_hex(4)}"
-        with psycopg.connect(self.admin_conninfo(), autocommit=True) as connection:
-            connection.execute(f'CREATE DATABASE "{name}"')
-        self.created.append(name)
-        url = make_url(self.postgres_url).set(drivername="postgresql", database=name)
-        return url.render_as_string(hide_password=False)
-
-    def clean(self) -> None:
-        if self.created:
-            with psycopg.connect(self.admin_conninfo(), autocommit=True) as connection:
-                for name in self.created:
-                    connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 @dataclass
