@@ -118,14 +118,15 @@ def export(
     otlp_endpoint: EndpointOption = None,
     url: UrlOption = None,
 ) -> None:
-    """Write a run to files: ART's trajectory parquet layout, or artstore's lossless JSONL.
+    """Write a run to files: ART's parquet layout, artstore's lossless JSONL, ATIF or OTLP.
 
     parquet: policy groups under trajectories/train/<step>.parquet, the step after the train
     step that consumed them; validation trajectories under val/; groups never trained under
     unconsumed/<batch>.parquet (and unconsumed_val/), in the format of the installed ART's
     writer: format 2 on ART >= 0.5.20 (lossless, logprobs included), format 1 on ART 0.5.18
     (no logprobs, no additional histories). jsonl keeps everything and imports back with
-    `artstore import`.
+    `artstore import`. atif: one ATIF trajectory per line; otlp: OpenTelemetry GenAI spans,
+    to a file or to an OTLP/HTTP endpoint.
     """
     to_stdout = str(out) == "-"
     chosen = format or (
