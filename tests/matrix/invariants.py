@@ -163,13 +163,16 @@ async def no_recorded_call_paid_twice(store: Any) -> None:
     """A rollout that resumes an earlier attempt is served the answers that attempt got
     (from HTTP, not failed), in order, each a copy holding the same answer; once finished,
     it was served every one of them (the agents are deterministic: the same answers bring
-    the same requests), so none went to the server again; no call is copied twice."""
+    the same requests), so none went to the server again; no call is copied twice.
+
+    A resumed rollout may diverge only where it asked another model than the record: a
+    trainer started again registers its latest step's name (`name@step`), which workers
+    started after it serve."""
     started = [e.data for e in await store.read_all(limit=1_000_000, types=["rollout.started"])]
     resumed = {e["rollout_id"]: e["resumes"] for e in started if e.get("resumes")}
     if not resumed:
         return
-    diverged = await store.read_all(limit=1_000_000, types=["llm.replay_diverged"])
-    assert not diverged, f"a deterministic agent diverged from its record: {diverged[0].data}"
+    diverged = await _diverged_by_model(store)
     calls: dict[str, list[dict[str, Any]]] = {}  # rollout id -> its llm.call events
     for event in await store.read_all(limit=1_000_000, types=["llm.call"]):
         calls.setdefault(event.stream_id.removeprefix("rollout-"), []).append(event.data)
@@ -182,12 +185,37 @@ async def no_recorded_call_paid_twice(store: Any) -> None:
         kept = [c for c in mine if c["call_id"] not in superseded]
         copies = [c for c in kept if c.get("replayed_from")]
         origins = [c["replayed_from"] for c in copies]
-        expected = answered if rollout_id in finished else answered[: len(origins)]
+        if rollout_id in diverged:
+            expected = answered[: diverged[rollout_id]]
+        elif rollout_id in finished:
+            expected = answered
+        else:
+            expected = answered[: len(origins)]
         assert origins == expected, f"{rollout_id} resumes {earlier}: copies {origins}/{answered}"
         for copy in copies:
             assert nonces[copy["call_id"]] == nonces[copy["replayed_from"]], (
                 f"{copy['call_id']} holds another answer than the call it copies"
             )
+
+
+async def _diverged_by_model(store: Any) -> dict[str, int]:
+    """Rollout id -> the position where it diverged from its record, each checked to have
+    asked another model there than the recorded call did."""
+    events = await store.read_all(limit=1_000_000, types=["llm.replay_diverged"])
+    async with store.database.read() as connection:
+        rows = (await connection.execute(select(t.llm_calls))).mappings().all()
+    model_of = {row["call_id"]: row["model"] for row in rows}
+    asked = {(row["rollout_id"], row["call_index"]): row["model"] for row in rows}
+    positions = {}
+    for event in events:
+        data = event.data
+        recorded = model_of.get(data["recorded_call_id"])
+        mine = asked.get((data["rollout_id"], data["index"]))
+        assert recorded is not None and mine != recorded, (
+            f"a deterministic agent diverged from its record asking the same model: {data}"
+        )
+        positions[data["rollout_id"]] = data["index"]
+    return positions
 
 
 def _answered_over_http(calls: list[dict[str, Any]]) -> list[str]:
