@@ -18,7 +18,7 @@ from artstore.capture.rollout import rollout_stream, to_json_value
 from artstore.errors import NotFoundError, RewardFunctionError
 from artstore.events import GroupSealed, RewardsRecorded, RolloutFailed
 from artstore.eventstore.blobs import canonical_json
-from artstore.eventstore.store import NO_STREAM, Condition
+from artstore.eventstore.records import NO_STREAM, Condition
 from artstore.projections.imported import load_bodies
 from artstore.schema import tables as t
 

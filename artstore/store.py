@@ -30,7 +30,8 @@ from artstore.arguments import (
 )
 from artstore.errors import DatabaseUnavailableError, InvalidArgumentError, NotFoundError
 from artstore.eventstore.database import Database, connect, database_class, translate_error
-from artstore.eventstore.store import EventStore, Projector, SideBySide
+from artstore.eventstore.records import Projector, SideBySide
+from artstore.eventstore.store import EventStore
 from artstore.names import kind_of
 from artstore.redaction import learn
 from artstore.schema import migrate

@@ -69,7 +69,8 @@ from artstore.redaction import Redactor, redact_url
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-    from artstore.eventstore.store import AppendResult, EventStore
+    from artstore.eventstore.records import AppendResult
+    from artstore.eventstore.store import EventStore
 
 # Checks the start and the end of a rollout in the transactions that record them.
 RolloutCheck = Callable[["Connection", "RolloutStarted | RolloutFinished | RolloutFailed"], None]

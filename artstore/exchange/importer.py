@@ -48,7 +48,8 @@ from artstore.events import (
     encode_event,
 )
 from artstore.eventstore.blobs import encode_blob, payload_json
-from artstore.eventstore.store import MAX_EVENTS_PER_TRANSACTION, NO_STREAM, PendingAppend
+from artstore.eventstore.records import NO_STREAM, PendingAppend
+from artstore.eventstore.store import MAX_EVENTS_PER_TRANSACTION
 from artstore.names import unstorable_character
 from artstore.schema import tables as t
 

@@ -54,7 +54,7 @@ from artstore.events import (
 )
 from artstore.eventstore.database import recorder_of
 from artstore.eventstore.recorder import Recorder
-from artstore.eventstore.store import RecordedEvent, recorded_from_row
+from artstore.eventstore.records import RecordedEvent, recorded_from_row
 from artstore.eventstore.streams import events_of_streams
 from artstore.projections import rollout_rewards, trained
 from artstore.projections.imported import blob_hashes, imported_message_rows, load_bodies

@@ -30,7 +30,7 @@ from artstore.events import (
     TrainStepFailed,
     TrainStepStarted,
 )
-from artstore.eventstore.store import RecordedEvent, recorded_from_row
+from artstore.eventstore.records import RecordedEvent, recorded_from_row
 from artstore.projections import rollout_rewards, trained
 from artstore.projections.bulk import (
     BULK_TYPES,

@@ -47,7 +47,7 @@ from artstore.capture.rollout import to_json_value
 from artstore.errors import ConfigurationError, RolloutsFailedError
 from artstore.events import RunFinished, RunResumed, RunStarted
 from artstore.eventstore.blobs import canonical_json
-from artstore.eventstore.store import NO_STREAM
+from artstore.eventstore.records import NO_STREAM
 from artstore.groups import (
     GroupPlace,
     abandon_rollouts,

@@ -55,7 +55,7 @@ from artstore.events import (
     new_id,
 )
 from artstore.eventstore.blobs import blob_hash
-from artstore.eventstore.store import NO_STREAM, PendingAppend
+from artstore.eventstore.records import NO_STREAM, PendingAppend
 from artstore.groups import abandon_rollouts, group_stream, sealed_groups
 from artstore.schema import tables as t
 from artstore.training.runs import ensure_run

@@ -32,7 +32,7 @@ from artstore.errors import (
     WrongExpectedVersionError,
 )
 from artstore.events import RunFinished, RunImported, RunResumed, RunStarted
-from artstore.eventstore.store import NO_STREAM
+from artstore.eventstore.records import NO_STREAM
 from artstore.schema import tables as t
 from artstore.training.lease import trainer_id
 

@@ -37,8 +37,9 @@ from artstore.events import (
 from artstore.eventstore import NO_STREAM, encode_blob
 from artstore.eventstore import store as eventstore_module
 from artstore.eventstore.database import connect, translate_error
+from artstore.eventstore.records import AppendResult, PendingAppend
 from artstore.eventstore.sqlite import sqlite_timestamp
-from artstore.eventstore.store import AppendResult, EventStore, PendingAppend
+from artstore.eventstore.store import EventStore
 from artstore.projections import project, projected_types
 from artstore.schema.tables import blobs, events
 from artstore.urls import resolve_url

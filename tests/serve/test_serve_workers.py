@@ -26,7 +26,7 @@ from waiting import eventually
 
 import artstore
 from artstore.events import RunStarted
-from artstore.eventstore.store import NO_STREAM
+from artstore.eventstore.records import NO_STREAM
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
 from artstore.workers import claims

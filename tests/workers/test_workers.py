@@ -45,7 +45,7 @@ from artstore.errors import (
     WrongDatabaseError,
 )
 from artstore.events import GroupSealed, RewardsRecorded, RolloutStarted, RunStarted
-from artstore.eventstore.store import NO_STREAM
+from artstore.eventstore.records import NO_STREAM
 from artstore.groups import group_stream
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
