@@ -4,7 +4,8 @@ Who gets in: the viewer answers only to the host names of the address it is boun
 (`HostCheck`: a page elsewhere that points its own name at this machine, DNS rebinding,
 gets 400); bound beyond loopback, only to requests that carry the token `artstore ui`
 printed (`AccessToken`). What runs a query: a POST from the viewer's own SQL page only
-(pages.sql_page: its CSRF token, Origin and Sec-Fetch-Site).
+(pages.sql_page: its CSRF token, Origin and Sec-Fetch-Site). What writes: feedback, only
+with `--allow-feedback`, under the same checks (feedback_pages.feedback_post).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from artstore.analysis.opening import open_for_reading
 from artstore.errors import ArtstoreError, NotFoundError
 from artstore.store import open_store
-from artstore.viewer import pages
+from artstore.viewer import feedback_pages, pages
 from artstore.viewer.templating import environment
 
 log = logging.getLogger("artstore.viewer")
@@ -189,10 +190,11 @@ def create_app(
         Route("/trajectories/{rollout_id}", pages.trajectory_page, name="trajectory"),
         Route(
             "/trajectories/{rollout_id}/feedback",
-            pages.feedback_post,
+            feedback_pages.feedback_post,
             name="feedback",
             methods=["POST"],
         ),
+        Route("/queue", feedback_pages.queue_page, name="queue"),
         Route("/compare/scorers", pages.compare_scorers_page, name="compare_scorers"),
         Route("/compare/runs", pages.compare_runs_page, name="compare_runs"),
         Route("/sql", pages.sql_page, name="sql", methods=["GET", "POST"]),
