@@ -17,7 +17,7 @@ from urllib.parse import urlencode
 
 import httpx
 import pytest
-from browser import chromium
+from browser import chromium, console_errors
 from recorded_run import RUN, record_run
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.action_chains import ActionChains
@@ -133,6 +133,8 @@ def test_a_run_judged_whole_says_nothing_is_left(recorded_url):
         assert 'id="queue-form"' not in page and 'id="queue-skip"' in page
         run_page = httpx.get(viewer.address + "runs/" + RUN, timeout=60).text
         assert 'id="queue-start-form"' not in run_page
+        unknown = httpx.get(viewer.address + "queue?run=nope", timeout=60)
+        assert unknown.status_code == 404 and "no run &#39;nope&#39; in this store" in unknown.text
 
 
 def test_feedback_with_the_keyboard_only(browser, recorded_url):
@@ -149,6 +151,7 @@ def test_feedback_with_the_keyboard_only(browser, recorded_url):
         # Score 0, out of the field, to the label, and record.
         ActionChains(browser).send_keys("0", Keys.ESCAPE, "l", "wrong", Keys.ENTER).perform()
         wait_for_rollout(browser, "r2a")
+        assert console_errors(browser) == []  # no script refused (CSP), none failed
     recorded = feedback_events(recorded_url)[2:]
     assert [(e["stream"], e["name"], e["score"], e["label"]) for e in recorded] == [
         ("feedback-r0a", "dave", 1.0, None),
