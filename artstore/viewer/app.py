@@ -222,6 +222,8 @@ def create_app(
         },
     )
     app.state.templates = Jinja2Templates(env=environment())
+    # Every page's header says whether the viewer writes anything.
+    app.state.templates.env.globals["takes_feedback"] = allow_feedback
     app.state.runs_refresh_ms = runs_refresh_ms
     app.state.run_refresh_ms = run_refresh_ms
     app.state.sql_timeout = sql_timeout

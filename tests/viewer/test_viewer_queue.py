@@ -87,6 +87,7 @@ def test_the_queue_shows_the_next_rollout_records_skips_and_refuses(recorded_url
         page = shown(address, queue_path())[1]
         token = re.search(r'name="csrf_token" value="([^"]+)"', page)[1]
         assert 'name="queue" value="arith-001"' in page and "0 of 6 rollouts judged" in page
+        assert "read-only view, but for feedback" in page  # the header says it writes
         form = {"score": "1", "label": "right", "comment": "short", "name": "alice"}
         form |= {"queue": RUN, "csrf_token": token}
         for headers, sent in [
@@ -130,6 +131,7 @@ def test_a_run_judged_whole_says_nothing_is_left(recorded_url):
         # Read-only: the queue shows the next rollout, and says how to record feedback.
         rollout, page = shown(viewer.address, queue_path())
         assert rollout == "r0a" and 'id="queue-read-only"' in page
+        assert '"readonly">read-only view</span>' in page
         assert 'id="queue-form"' not in page and 'id="queue-skip"' in page
         run_page = httpx.get(viewer.address + "runs/" + RUN, timeout=60).text
         assert 'id="queue-start-form"' not in run_page
