@@ -181,29 +181,7 @@ def create_app(
         finally:
             await app.state.store.close()
 
-    routes = [
-        Route("/", pages.runs_page, name="runs"),
-        Route("/api/runs", pages.runs_json, name="runs_json"),
-        Route("/api/runs/{run:path}", pages.run_json, name="run_json"),
-        Route("/runs/{run:path}", pages.run_page, name="run"),
-        Route("/groups/{group_id}", pages.group_page, name="group"),
-        Route("/trajectories/{rollout_id}", pages.trajectory_page, name="trajectory"),
-        Route(
-            "/trajectories/{rollout_id}/feedback",
-            feedback_pages.feedback_post,
-            name="feedback",
-            methods=["POST"],
-        ),
-        Route("/queue", feedback_pages.queue_page, name="queue"),
-        Route("/compare/scorers", pages.compare_scorers_page, name="compare_scorers"),
-        Route("/compare/runs", pages.compare_runs_page, name="compare_runs"),
-        Route("/sql", pages.sql_page, name="sql", methods=["GET", "POST"]),
-        Mount(
-            "/static",
-            StaticFiles(directory=str(files("artstore.viewer") / "static")),
-            name="static",
-        ),
-    ]
+    routes = _routes()
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -232,6 +210,33 @@ def create_app(
     app.state.allow_feedback = allow_feedback
     app.state.queries = set()  # the user queries running now (asyncio tasks)
     return app
+
+
+def _routes() -> list[Route | Mount]:
+    """The viewer's pages, what its live pages fetch, what it takes (SQL, feedback)."""
+    return [
+        Route("/", pages.runs_page, name="runs"),
+        Route("/api/runs", pages.runs_json, name="runs_json"),
+        Route("/api/runs/{run:path}", pages.run_json, name="run_json"),
+        Route("/runs/{run:path}", pages.run_page, name="run"),
+        Route("/groups/{group_id}", pages.group_page, name="group"),
+        Route("/trajectories/{rollout_id}", pages.trajectory_page, name="trajectory"),
+        Route(
+            "/trajectories/{rollout_id}/feedback",
+            feedback_pages.feedback_post,
+            name="feedback",
+            methods=["POST"],
+        ),
+        Route("/queue", feedback_pages.queue_page, name="queue"),
+        Route("/compare/scorers", pages.compare_scorers_page, name="compare_scorers"),
+        Route("/compare/runs", pages.compare_runs_page, name="compare_runs"),
+        Route("/sql", pages.sql_page, name="sql", methods=["GET", "POST"]),
+        Mount(
+            "/static",
+            StaticFiles(directory=str(files("artstore.viewer") / "static")),
+            name="static",
+        ),
+    ]
 
 
 _EXPECTED_ERRORS: tuple[type[Exception], ...] = (
