@@ -3,6 +3,7 @@
 artstore export RUN OUT_DIR --format parquet    # ART's trajectories/<split>/<step>.parquet
 artstore export RUN run.jsonl                   # lossless JSONL, one line per rollout
 artstore export RUN run.atif.jsonl --format atif  # ATIF trajectories, one per line
+artstore export RUN --otlp-endpoint URL --follow  # GenAI traces, each rollout as it ends
 artstore import .art/my-project/models/agent-001 --run agent-001-from-art
 artstore import run.jsonl --url postgresql://...
 """
@@ -155,20 +156,7 @@ def export(
     `artstore import`. atif: one ATIF trajectory per line; otlp: OpenTelemetry GenAI spans,
     to a file or to an OTLP/HTTP endpoint, and with --follow to the endpoint as rollouts end.
     """
-    to_stdout = str(out) == "-"
-    chosen = format or (
-        ExportFormat.otlp
-        if otlp_endpoint
-        else ExportFormat.jsonl
-        if to_stdout or (out and out.suffix == ".jsonl")
-        else ExportFormat.parquet
-    )
-    if chosen is not ExportFormat.parquet and (scorer or model):
-        raise fail("--scorer and --model apply to --format parquet only")
-    if otlp_endpoint and chosen is not ExportFormat.otlp:
-        raise fail("--otlp-endpoint applies to --format otlp only")
-    if out is None and not otlp_endpoint:
-        raise fail("give OUT, the path to write (or --otlp-endpoint with --format otlp)")
+    chosen = _chosen_format(format, out, otlp_endpoint, parquet_only=bool(scorer or model))
     _check_follow(follow, otlp_endpoint, out, after, new_only)
     if follow:
         from artstore.cli.following import follow as follow_run
@@ -201,6 +189,27 @@ def export(
         _say_exported(summary, run_name, out, chosen, scorer)
 
     run(work)
+
+
+def _chosen_format(
+    format: ExportFormat | None, out: Path | None, endpoint: str | None, *, parquet_only: bool
+) -> ExportFormat:
+    """The format to export in (given, or told by OUT), once the options agree with it."""
+    to_stdout = str(out) == "-"
+    chosen = format or (
+        ExportFormat.otlp
+        if endpoint
+        else ExportFormat.jsonl
+        if to_stdout or (out and out.suffix == ".jsonl")
+        else ExportFormat.parquet
+    )
+    if chosen is not ExportFormat.parquet and parquet_only:
+        raise fail("--scorer and --model apply to --format parquet only")
+    if endpoint and chosen is not ExportFormat.otlp:
+        raise fail("--otlp-endpoint applies to --format otlp only")
+    if out is None and not endpoint:
+        raise fail("give OUT, the path to write (or --otlp-endpoint with --format otlp)")
+    return chosen
 
 
 def _check_follow(

@@ -5,7 +5,8 @@ the rollouts that had ended, then each rollout as it finishes or fails (another 
 rollouts and events that end nothing are not sent), stops cleanly on SIGINT and on SIGTERM
 with a last line giving the position it got to, and started again `--after` that position
 sends only what ended since. No span is sent twice, the spans are those of the file export,
-and the store is never written.
+and the store is never written. In-process, `ended_rollouts` (what the follower reads)
+yields the rollouts that end after a position, or those that had ended first.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from artstore.events import (
     RolloutStarted,
     RunStarted,
 )
+from artstore.exchange.following import EndedRollouts, ended_rollouts
 from artstore.exchange.otlp import export_otlp, trace_id_of
 from artstore.schema import tables as t
 
@@ -191,6 +193,37 @@ async def test_follow_sends_each_rollout_once_as_it_ends(database_url: str, tmp_
     assert sorted(received.roots()) == sorted(sent)  # each once, the other run's never
     assert len(set(received.spans)) == len(received.spans)
     assert set(received.spans) == await _exported_spans(database_url, tmp_path)
+
+
+async def test_ended_rollouts_yields_those_that_ended_then_each_as_it_ends(store):
+    await record(store, RUN, "a1", group="g")
+    await record(store, OTHER, "o1")
+    start = await store.last_position()  # what --new-only starts from
+    stop = asyncio.Event()
+    batches: list[EndedRollouts] = []
+
+    async def follow() -> None:
+        async for batch in ended_rollouts(store, RUN, after=start, stop=stop, poll_s=0.05):
+            batches.append(batch)
+
+    def ended() -> list[tuple[str, str | None]]:
+        return [rid_and_group for batch in batches for rid_and_group in batch.rollouts.items()]
+
+    following = asyncio.create_task(follow())
+    await record(store, RUN, "b1", group="g")
+    await record(store, OTHER, "o2")
+    await record(store, RUN, "b2x")
+    await eventually(lambda: len(ended()) >= 2, "the rollouts that ended after the start")
+    stop.set()
+    await asyncio.wait_for(following, 60)
+    assert ended() == [("b1", "g"), ("b2x", None)]  # the other run's left out
+    assert batches[-1].position == await store.last_position()
+
+    caught_up = ended_rollouts(store, RUN)  # no position: those that ended, first
+    first = await anext(caught_up)
+    await caught_up.aclose()
+    assert first.rollouts == {"a1": "g", "b1": "g", "b2x": None}
+    assert first.position == await store.last_position()
 
 
 def _rewards() -> RewardsRecorded:
