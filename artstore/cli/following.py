@@ -1,7 +1,9 @@
 """`artstore export RUN --otlp-endpoint URL --follow`: a run's rollouts sent as they end.
 
 It runs until SIGINT (Ctrl-C) or SIGTERM, finishes the request in flight, and says how far
-it got: the position `--after` takes to resume without sending anything again.
+it got: the position `--after` takes to resume without sending anything again. A request
+the endpoint refuses (after the exporter's own retries) ends it with an error, after the
+same line.
 """
 
 from __future__ import annotations
@@ -18,18 +20,30 @@ async def follow(
     run_name: str, endpoint: str, url: str | None, *, after: int | None, new_only: bool
 ) -> None:
     import artstore
-    from artstore.exchange import follow_otlp
+    from artstore.exchange import FollowSummary, follow_otlp
+    from artstore.exchange.source import run_scorer
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     async with await artstore.open_store(url, read_only=True) as store:
+        await run_scorer(store, run_name)  # a run that is not there: its error alone
         if new_only:
             after = await store.last_position()
         _say_following(run_name, endpoint, after)
-        summary = await follow_otlp(store, run_name, endpoint, after=after, stop=stop, sent=_sent)
-    _say_stopped(summary)
+        reached = [FollowSummary(run=run_name, endpoint=endpoint, position=after or 0)]
+
+        def sent(summary: FollowSummary, count: int) -> None:
+            reached[0] = summary
+            _say_sent(summary, count)
+
+        try:
+            reached[0] = await follow_otlp(
+                store, run_name, endpoint, after=after, stop=stop, sent=sent
+            )
+        finally:  # a request refused too: where to resume from, before the error's line
+            _say_stopped(reached[0])
 
 
 def _say_following(run_name: str, endpoint: str, after: int | None) -> None:
@@ -45,7 +59,7 @@ def _say_following(run_name: str, endpoint: str, after: int | None) -> None:
     )
 
 
-def _sent(summary: Any, count: int) -> None:
+def _say_sent(summary: Any, count: int) -> None:
     err_console.print(
         f"sent {counted(count, 'rollout')} ({summary.rollouts} in all), "
         f"up to position {summary.position}",

@@ -186,9 +186,9 @@ async def _send_batch(
     details = await load_rollouts(store, list(rollouts), scorer)
     for rid, group_id in rollouts.items():
         tracing.rollout(rid, group_id, details[rid], scorer)
-        summary.failed_rollouts += details[rid].failed is not None
     await asyncio.to_thread(send, tracing.take())  # meanwhile the loop still hears signals
     summary.rollouts += len(rollouts)
+    summary.failed_rollouts += sum(details[rid].failed is not None for rid in rollouts)
 
 
 def _lines(out: str | Path | None) -> Any:

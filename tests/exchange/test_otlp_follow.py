@@ -72,14 +72,15 @@ class Received:
 
 
 @contextmanager
-def receiver() -> Iterator[tuple[str, Received]]:
+def receiver(*, refusing: bool = False) -> Iterator[tuple[str, Received]]:
+    """An OTLP/HTTP receiver (one that answers 400 Bad Request when `refusing`)."""
     received = Received()
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             received.add(self.rfile.read(int(self.headers["Content-Length"])))
             answer = ExportTraceServiceResponse().SerializeToString()
-            self.send_response(200)
+            self.send_response(400 if refusing else 200)
             self.send_header("Content-Type", "application/x-protobuf")
             self.send_header("Content-Length", str(len(answer)))
             self.end_headers()
@@ -224,6 +225,33 @@ async def test_ended_rollouts_yields_those_that_ended_then_each_as_it_ends(store
     await caught_up.aclose()
     assert first.rollouts == {"a1": "g", "b1": "g", "b2x": None}
     assert first.position == await store.last_position()
+
+
+def test_a_refused_request_ends_the_follower_saying_where_to_resume(database_url: str):
+    async def recorded() -> None:
+        async with await artstore.open_store(database_url) as store:
+            await record(store, RUN, "a1")
+
+    asyncio.run(recorded())
+    with receiver(refusing=True) as (endpoint, received):
+        result = run_artstore(
+            "export", RUN, "--otlp-endpoint", endpoint, "--follow", "--url", database_url
+        )
+        missing = run_artstore(
+            "export", "p/none", "--otlp-endpoint", endpoint, "--follow", "--url", database_url
+        )
+    assert result.exit_code == 1, result.output
+    lines = [" ".join(line.split()) for line in result.stderr.splitlines()]
+    assert lines[-2:] == [
+        f"stopped: sent 0 rollouts of run {RUN!r} to {endpoint}; up to position 0 "
+        "(--after 0 resumes from there)",
+        f"error: {endpoint}: the OTLP/HTTP endpoint refused the spans",
+    ]
+    assert received.roots() == traces("a1")  # tried once, refused
+    assert missing.exit_code == 1
+    assert " ".join(missing.stderr.split()) == (
+        "error: no run 'p/none' in this store (see `artstore runs`)"
+    )
 
 
 def _rewards() -> RewardsRecorded:
