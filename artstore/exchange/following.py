@@ -12,9 +12,10 @@ catch-up). The log is read by position, up to the position readers may read
 PostgreSQL is never skipped.
 
 How it learns that something ended: it looks at the highest readable position every
-`poll_s` seconds, and reads the new end events only when that moved. On PostgreSQL it also
-listens on the run's channel (`artstore.workers.notify`), so a group sealed or a group's
-last rollout ended wakes it at once; SQLite has no notifications and is only polled.
+`poll_s` seconds (at most `SQLITE_POLL_S` on SQLite), and reads the new end events only
+when that moved. On PostgreSQL it also listens on the run's channel
+(`artstore.workers.notify`), so a group sealed or a group's last rollout ended wakes it at
+once; SQLite has no notifications and is only polled.
 """
 
 from __future__ import annotations
