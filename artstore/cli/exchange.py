@@ -3,6 +3,7 @@
 artstore export RUN OUT_DIR --format parquet    # ART's trajectories/<split>/<step>.parquet
 artstore export RUN run.jsonl                   # lossless JSONL, one line per rollout
 artstore export RUN run.atif.jsonl --format atif  # ATIF trajectories, one per line
+artstore export RUN --otlp-endpoint URL --follow  # GenAI traces, each rollout as it ends
 artstore import .art/my-project/models/agent-001 --run agent-001-from-art
 artstore import run.jsonl --url postgresql://...
 """
@@ -73,6 +74,30 @@ EndpointOption = Annotated[
         show_default=False,
     ),
 ]
+FollowOption = Annotated[
+    bool,
+    typer.Option(
+        "--follow",
+        help="otlp, with --otlp-endpoint: keep running and send each rollout as it ends "
+        "(finishes or fails), once, until Ctrl-C or SIGTERM; the last line gives the "
+        "position --after resumes from.",
+    ),
+]
+AfterOption = Annotated[
+    int | None,
+    typer.Option(
+        "--after",
+        min=0,
+        metavar="POSITION",
+        help="--follow: send only the rollouts that end after this event position (the "
+        "one a previous --follow stopped at), none of those before.",
+        show_default=False,
+    ),
+]
+NewOnlyOption = Annotated[
+    bool,
+    typer.Option("--new-only", help="--follow: send only the rollouts that end from now on."),
+]
 ForceOption = Annotated[bool, typer.Option("--force", help="Overwrite existing files.")]
 PathArgument = Annotated[
     Path,
@@ -116,6 +141,9 @@ def export(
     model: ExportModelOption = None,
     force: ForceOption = False,
     otlp_endpoint: EndpointOption = None,
+    follow: FollowOption = False,
+    after: AfterOption = None,
+    new_only: NewOnlyOption = False,
     url: UrlOption = None,
 ) -> None:
     """Write a run to files: ART's parquet layout, artstore's lossless JSONL, ATIF or OTLP.
@@ -126,22 +154,15 @@ def export(
     writer: format 2 on ART >= 0.5.20 (lossless, logprobs included), format 1 on ART 0.5.18
     (no logprobs, no additional histories). jsonl keeps everything and imports back with
     `artstore import`. atif: one ATIF trajectory per line; otlp: OpenTelemetry GenAI spans,
-    to a file or to an OTLP/HTTP endpoint.
+    to a file or to an OTLP/HTTP endpoint, and with --follow to the endpoint as rollouts end.
     """
-    to_stdout = str(out) == "-"
-    chosen = format or (
-        ExportFormat.otlp
-        if otlp_endpoint
-        else ExportFormat.jsonl
-        if to_stdout or (out and out.suffix == ".jsonl")
-        else ExportFormat.parquet
-    )
-    if chosen is not ExportFormat.parquet and (scorer or model):
-        raise fail("--scorer and --model apply to --format parquet only")
-    if otlp_endpoint and chosen is not ExportFormat.otlp:
-        raise fail("--otlp-endpoint applies to --format otlp only")
-    if out is None and not otlp_endpoint:
-        raise fail("give OUT, the path to write (or --otlp-endpoint with --format otlp)")
+    chosen = _chosen_format(format, out, otlp_endpoint, parquet_only=bool(scorer or model))
+    _check_follow(follow, otlp_endpoint, out, after, new_only)
+    if follow:
+        from artstore.cli.following import follow as follow_run
+
+        run(lambda: follow_run(run_name, otlp_endpoint, url, after=after, new_only=new_only))
+        return
 
     async def work() -> None:
         import artstore
@@ -168,6 +189,38 @@ def export(
         _say_exported(summary, run_name, out, chosen, scorer)
 
     run(work)
+
+
+def _chosen_format(
+    format: ExportFormat | None, out: Path | None, endpoint: str | None, *, parquet_only: bool
+) -> ExportFormat:
+    """The format to export in (given, or told by OUT), once the options agree with it."""
+    to_stdout = str(out) == "-"
+    chosen = format or (
+        ExportFormat.otlp
+        if endpoint
+        else ExportFormat.jsonl
+        if to_stdout or (out and out.suffix == ".jsonl")
+        else ExportFormat.parquet
+    )
+    if chosen is not ExportFormat.parquet and parquet_only:
+        raise fail("--scorer and --model apply to --format parquet only")
+    if endpoint and chosen is not ExportFormat.otlp:
+        raise fail("--otlp-endpoint applies to --format otlp only")
+    if out is None and not endpoint:
+        raise fail("give OUT, the path to write (or --otlp-endpoint with --format otlp)")
+    return chosen
+
+
+def _check_follow(
+    follow: bool, endpoint: str | None, out: Path | None, after: int | None, new_only: bool
+) -> None:
+    if follow and (not endpoint or out is not None):
+        raise fail("--follow sends to --otlp-endpoint only (give no OUT)")
+    if (after is not None or new_only) and not follow:
+        raise fail("--after and --new-only apply to --follow only")
+    if after is not None and new_only:
+        raise fail("give --after or --new-only, not both")
 
 
 def _progress(done: int, total: int) -> None:

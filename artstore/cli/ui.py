@@ -14,8 +14,9 @@ AllowFeedbackOption = Annotated[
     bool,
     typer.Option(
         "--allow-feedback",
-        help="Let the trajectory page record feedback (a score, a label, a comment): "
-        "the one thing the viewer then writes, each a POST from its own page.",
+        help="Let the trajectory page and a run's feedback queue record feedback (a score, "
+        "a label, a comment): the one thing the viewer then writes, each a POST from its "
+        "own page.",
     ),
 ]
 
@@ -47,8 +48,8 @@ def ui(
     Runs (live while they train), reward curves per scorer, train-step metrics, groups
     side by side, trajectories with each token's logprob, scorer and run comparisons,
     and read-only SQL. Nothing is written to the store, unless --allow-feedback lets the
-    trajectory page record a person's feedback. Listening beyond loopback, it
-    asks for the token in the address it prints.
+    trajectory page and a run's feedback queue record a person's feedback. Listening
+    beyond loopback, it asks for the token in the address it prints.
     """
 
     async def check() -> str:

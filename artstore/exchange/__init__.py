@@ -10,6 +10,8 @@
 - `export_otlp`: OpenTelemetry GenAI traces, a trace per rollout, as OTLP JSON lines or
   sent to an OTLP/HTTP endpoint; see `artstore.exchange.otlp`, which also reads them
   (`import_path(format="otlp")`).
+- `follow_otlp`: a run's rollouts sent to an OTLP/HTTP endpoint as they end, each once,
+  until stopped (`artstore.exchange.following` reads them off the event log).
 - `import_path`: ART parquet files of format 1 or 2 on either ART (a file, or a directory of
   `model.log` output) or a JSONL export, as imported rollouts: `rollout.started`,
   `rollout.finished` (or failed), then `trajectory.imported` (the histories as
@@ -34,7 +36,7 @@ from artstore.errors import ExchangeFormatError, NotFoundError
 from artstore.exchange.atif_io import export_atif, read_atif
 from artstore.exchange.importer import ImportPlan, ImportSummary, check_plan, write_plan
 from artstore.exchange.jsonl import export_jsonl, read_jsonl
-from artstore.exchange.otlp import export_otlp, read_otlp
+from artstore.exchange.otlp import FollowSummary, export_otlp, follow_otlp, read_otlp
 from artstore.exchange.parquet import export_parquet, read_parquet
 from artstore.exchange.source import ExportSummary
 
@@ -43,11 +45,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ExportSummary",
+    "FollowSummary",
     "ImportSummary",
     "export_atif",
     "export_jsonl",
     "export_otlp",
     "export_parquet",
+    "follow_otlp",
     "import_path",
     "read_plan",
     "write_plan",

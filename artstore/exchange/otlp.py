@@ -26,6 +26,10 @@ Each span also has OpenInference's `openinference.span.kind` (AGENT, LLM, TOOL),
 Phoenix shows them by kind. Times come from the recorded LLM calls where they match the
 trajectory's turns, else are spread over the rollout's duration.
 
+`follow_otlp` sends a run's rollouts as they end (finish or fail), each once, until
+stopped (`artstore export RUN --otlp-endpoint URL --follow`), reading the event log through
+`artstore.exchange.following`.
+
 The file is OTLP JSON lines: one `ExportTraceServiceRequest` per line (as the collector's
 file exporter writes), a chunk of rollouts per line; ids in hex, enums as integers.
 
@@ -36,18 +40,22 @@ spans in time order its turns, `gen_ai.evaluation.result` events its rewards.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import re
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from artstore.errors import ExchangeFormatError, ExportTargetError, NotFoundError
 from artstore.exchange.files import existing_file, written_in_place
+from artstore.exchange.following import POLL_S, ended_rollouts
 from artstore.exchange.importer import ImportPlan, derived_id, file_sha256
 from artstore.exchange.jsonl import FORMAT, is_choice, plan_of_lines, read_text_lines
 from artstore.exchange.source import (
@@ -56,6 +64,7 @@ from artstore.exchange.source import (
     chunks,
     load_rollouts,
     load_run,
+    run_scorer,
 )
 
 if TYPE_CHECKING:
@@ -119,9 +128,70 @@ async def export_otlp(
     return summary
 
 
-def _lines(out: str | Path | None) -> Any:
-    import contextlib
+@dataclass
+class FollowSummary:
+    """What `follow_otlp` sent, and how far it read the log."""
 
+    run: str
+    endpoint: str
+    rollouts: int = 0
+    failed_rollouts: int = 0
+    # Every rollout of the run whose end event lies at or below it was sent: `after=` it
+    # (`--after`) resumes without sending them again.
+    position: int = 0
+
+
+async def follow_otlp(
+    store: Store,
+    run: str,
+    endpoint: str,
+    *,
+    after: int | None = None,
+    stop: asyncio.Event | None = None,
+    sent: Callable[[FollowSummary, int], None] | None = None,
+    poll_s: float = POLL_S,
+) -> FollowSummary:
+    """Send `run`'s rollouts to `endpoint` (OTLP/HTTP) as they end, each once, until `stop`
+    is set: first those that have ended (none with `after`: only those that end after that
+    position), then each as it finishes or fails (`artstore.exchange.following`).
+
+    `sent(summary, count)` is called after each batch of `count` rollouts went out.
+    The spans are those of `export_otlp`, with the rewards recorded by the time the rollout
+    is sent (a group's rewards usually come after its last rollout ended)."""
+    tracing = _Tracing(run)
+    send = _sender(endpoint)
+    summary = FollowSummary(run=run, endpoint=endpoint, position=after or 0)
+    following = ended_rollouts(store, run, after=after, stop=stop, poll_s=poll_s)
+    async with contextlib.aclosing(following):  # a send that fails stops listening too
+        async for batch in following:
+            await _send_batch(store, run, batch.rollouts, tracing, send, summary)
+            summary.position = max(summary.position, batch.position)
+            if sent is not None and batch.rollouts:
+                sent(summary, len(batch.rollouts))
+    return summary
+
+
+async def _send_batch(
+    store: Store,
+    run: str,
+    rollouts: dict[str, str | None],
+    tracing: _Tracing,
+    send: Callable[[list[Any]], None],
+    summary: FollowSummary,
+) -> None:
+    """The spans of `rollouts` (id -> group id), sent in one request."""
+    if not rollouts:
+        return
+    scorer = await run_scorer(store, run)
+    details = await load_rollouts(store, list(rollouts), scorer)
+    for rid, group_id in rollouts.items():
+        tracing.rollout(rid, group_id, details[rid], scorer)
+    await asyncio.to_thread(send, tracing.take())  # meanwhile the loop still hears signals
+    summary.rollouts += len(rollouts)
+    summary.failed_rollouts += sum(details[rid].failed is not None for rid in rollouts)
+
+
+def _lines(out: str | Path | None) -> Any:
     @contextlib.contextmanager
     def opened() -> Iterator[Callable[[str], None] | None]:
         if out is None:

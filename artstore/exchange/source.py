@@ -160,6 +160,16 @@ async def load_run(store: Store, run: str) -> RunOutline:
     return RunOutline(info=info, groups=outlines, skipped_running=running)
 
 
+async def run_scorer(store: Store, run: str) -> str:
+    """The scorer of `run` (whose reward a trajectory carries), or NotFoundError."""
+    async with store.database.read() as connection:
+        query = select(t.runs.c.scorer).where(t.runs.c.run == run)
+        scorer = (await connection.execute(query)).scalar()
+    if scorer is None:
+        raise NotFoundError(f"no run {run!r} in this store (see `artstore runs`)")
+    return scorer
+
+
 async def load_rollouts(
     store: Store, rollout_ids: list[str], scorer: str | None
 ) -> dict[str, RolloutDetails]:

@@ -4,7 +4,8 @@ Who gets in: the viewer answers only to the host names of the address it is boun
 (`HostCheck`: a page elsewhere that points its own name at this machine, DNS rebinding,
 gets 400); bound beyond loopback, only to requests that carry the token `artstore ui`
 printed (`AccessToken`). What runs a query: a POST from the viewer's own SQL page only
-(pages.sql_page: its CSRF token, Origin and Sec-Fetch-Site).
+(pages.sql_page: its CSRF token, Origin and Sec-Fetch-Site). What writes: feedback, only
+with `--allow-feedback`, under the same checks (feedback_pages.feedback_post).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from artstore.analysis.opening import open_for_reading
 from artstore.errors import ArtstoreError, NotFoundError
 from artstore.store import open_store
-from artstore.viewer import pages
+from artstore.viewer import feedback_pages, pages
 from artstore.viewer.templating import environment
 
 log = logging.getLogger("artstore.viewer")
@@ -180,28 +181,7 @@ def create_app(
         finally:
             await app.state.store.close()
 
-    routes = [
-        Route("/", pages.runs_page, name="runs"),
-        Route("/api/runs", pages.runs_json, name="runs_json"),
-        Route("/api/runs/{run:path}", pages.run_json, name="run_json"),
-        Route("/runs/{run:path}", pages.run_page, name="run"),
-        Route("/groups/{group_id}", pages.group_page, name="group"),
-        Route("/trajectories/{rollout_id}", pages.trajectory_page, name="trajectory"),
-        Route(
-            "/trajectories/{rollout_id}/feedback",
-            pages.feedback_post,
-            name="feedback",
-            methods=["POST"],
-        ),
-        Route("/compare/scorers", pages.compare_scorers_page, name="compare_scorers"),
-        Route("/compare/runs", pages.compare_runs_page, name="compare_runs"),
-        Route("/sql", pages.sql_page, name="sql", methods=["GET", "POST"]),
-        Mount(
-            "/static",
-            StaticFiles(directory=str(files("artstore.viewer") / "static")),
-            name="static",
-        ),
-    ]
+    routes = _routes()
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -220,6 +200,8 @@ def create_app(
         },
     )
     app.state.templates = Jinja2Templates(env=environment())
+    # Every page's header says whether the viewer writes anything.
+    app.state.templates.env.globals["takes_feedback"] = allow_feedback
     app.state.runs_refresh_ms = runs_refresh_ms
     app.state.run_refresh_ms = run_refresh_ms
     app.state.sql_timeout = sql_timeout
@@ -228,6 +210,33 @@ def create_app(
     app.state.allow_feedback = allow_feedback
     app.state.queries = set()  # the user queries running now (asyncio tasks)
     return app
+
+
+def _routes() -> list[Route | Mount]:
+    """The viewer's pages, what its live pages fetch, what it takes (SQL, feedback)."""
+    return [
+        Route("/", pages.runs_page, name="runs"),
+        Route("/api/runs", pages.runs_json, name="runs_json"),
+        Route("/api/runs/{run:path}", pages.run_json, name="run_json"),
+        Route("/runs/{run:path}", pages.run_page, name="run"),
+        Route("/groups/{group_id}", pages.group_page, name="group"),
+        Route("/trajectories/{rollout_id}", pages.trajectory_page, name="trajectory"),
+        Route(
+            "/trajectories/{rollout_id}/feedback",
+            feedback_pages.feedback_post,
+            name="feedback",
+            methods=["POST"],
+        ),
+        Route("/queue", feedback_pages.queue_page, name="queue"),
+        Route("/compare/scorers", pages.compare_scorers_page, name="compare_scorers"),
+        Route("/compare/runs", pages.compare_runs_page, name="compare_runs"),
+        Route("/sql", pages.sql_page, name="sql", methods=["GET", "POST"]),
+        Mount(
+            "/static",
+            StaticFiles(directory=str(files("artstore.viewer") / "static")),
+            name="static",
+        ),
+    ]
 
 
 _EXPECTED_ERRORS: tuple[type[Exception], ...] = (

@@ -7,7 +7,7 @@ from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse as _JSONResponse
-from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.responses import RedirectResponse, Response
 
 from artstore.analysis import groups as group_reading
 from artstore.analysis import runs as run_reading
@@ -85,6 +85,7 @@ async def run_page(request: Request) -> Response:
         "failures": await run_reading.failures(store, run),
         "other_runs": [name for name in await run_reading.run_names(store) if name != run],
         "refresh_ms": request.app.state.run_refresh_ms,
+        "allow_feedback": request.app.state.allow_feedback,
     }
     return _render(request, "run.html", context)
 
@@ -115,33 +116,6 @@ async def trajectory_page(request: Request) -> Response:
         "csrf_token": request.app.state.csrf_token,
     }
     return _render(request, "trajectory.html", context)
-
-
-async def feedback_post(request: Request) -> Response:
-    """POST from the trajectory page's feedback panel (only with `--allow-feedback`, and
-    only from the viewer's own page: its CSRF token, Origin and Sec-Fetch-Site)."""
-    if not request.app.state.allow_feedback:
-        return PlainTextResponse(
-            "403: this viewer is read-only (start it with --allow-feedback)", 403
-        )
-    refused = await sql.refusal(request, "the viewer takes feedback")
-    if refused is not None:
-        return refused
-    store, form = _store(request), request.state.form
-    rollout_id = await resolve_id(store, "rollout", request.path_params["rollout_id"])
-    score_text = form.get("score", "").strip()
-    try:
-        score = float(score_text) if score_text else None
-    except ValueError:
-        return PlainTextResponse(f"400: the score {score_text!r} is not a number", 400)
-    await store.feedback(
-        rollout_id,
-        score=score,
-        label=form.get("label", "").strip() or None,
-        comment=form.get("comment", "").strip() or None,
-        name=form.get("name", "").strip() or None,
-    )
-    return RedirectResponse(trajectory_href(rollout_id) + "#feedback", status_code=303)
 
 
 async def compare_scorers_page(request: Request) -> Response:

@@ -34,6 +34,13 @@ def compare_runs_href(a: str, b: str) -> str:
     return "/compare/runs?" + urlencode({"a": a, "b": b})
 
 
+def queue_href(run: str, name: str | None = None, after: str | None = None) -> str:
+    """The feedback queue of `run` for the person `name` (the viewer's login name when
+    None), from the rollout after `after`."""
+    given = {"run": run, "name": name, "after": after}
+    return "/queue?" + urlencode({key: value for key, value in given.items() if value})
+
+
 def sql_href(statement: str) -> str:
     return "/sql?" + urlencode({"q": statement})
 
@@ -126,5 +133,6 @@ def environment() -> jinja2.Environment:
         compare_scorers_href=compare_scorers_href,
         compare_runs_href=compare_runs_href,
         sql_href=sql_href,
+        queue_href=queue_href,
     )
     return env

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, TypedDict
@@ -28,6 +29,8 @@ from artstore.errors import ConfigurationError
 from artstore.langgraph import checkpointer
 from artstore.schema import tables as t
 
+PATIENCE_S = 120  # for search to finish beside the failing lookup, on a busy machine
+
 
 class State(TypedDict):
     steps: Annotated[list[str], operator.add]
@@ -40,6 +43,10 @@ class Agent:
     def __init__(self) -> None:
         self.runs: Counter[str] = Counter()
         self.failing = True
+        # search and lookup run side by side; lookup fails only once search has finished,
+        # so that search's write is there to keep however slow the machine is (else
+        # LangGraph cancels a search that had not started yet).
+        self.searched = threading.Event()
 
     def graph(self, saver):
         builder = StateGraph(State)
@@ -58,7 +65,10 @@ class Agent:
         def run(state: State) -> dict:
             self.runs[name] += 1
             if name == "lookup" and self.failing:
+                self.searched.wait(timeout=PATIENCE_S)
                 raise RuntimeError("the lookup service went away")
+            if name == "search":
+                self.searched.set()
             return {"steps": [name]}
 
         return run

@@ -18,6 +18,7 @@ from support_secrets import places_holding
 from training_helpers import projections
 
 from artstore.backends.check_only import CHECKPOINT_FILE, trajectory_digest
+from artstore.documents import exchanges
 from artstore.schema import tables as t
 from matrix.child import ACKS, REQUESTS
 from matrix.harness import Outcome
@@ -200,22 +201,38 @@ async def no_recorded_call_paid_twice(store: Any) -> None:
 
 async def _diverged_by_model(store: Any) -> dict[str, int]:
     """Rollout id -> the position where it diverged from its record, each checked to have
-    asked another model there than the recorded call did."""
+    asked another model there than the recorded call did (and differed in nothing else)."""
     events = await store.read_all(limit=1_000_000, types=["llm.replay_diverged"])
-    async with store.database.read() as connection:
-        rows = (await connection.execute(select(t.llm_calls))).mappings().all()
-    model_of = {row["call_id"]: row["model"] for row in rows}
-    asked = {(row["rollout_id"], row["call_index"]): row["model"] for row in rows}
+    if not events:
+        return {}
+    requests = await _http_requests(store)
     positions = {}
     for event in events:
         data = event.data
-        recorded = model_of.get(data["recorded_call_id"])
-        mine = asked.get((data["rollout_id"], data["index"]))
-        assert recorded is not None and mine != recorded, (
-            f"a deterministic agent diverged from its record asking the same model: {data}"
+        recorded = requests.get(data["recorded_call_id"]) or {}
+        mine = requests.get((data["rollout_id"], data["index"])) or {}
+        differs = sorted(k for k in recorded.keys() | mine.keys() if recorded.get(k) != mine.get(k))
+        assert differs == ["model"], (
+            f"a deterministic agent diverged from its record in {differs}: {data}; recorded "
+            f"{json.dumps(recorded)[:1500]}, sent {json.dumps(mine)[:1500]}"
         )
         positions[data["rollout_id"]] = data["index"]
     return positions
+
+
+async def _http_requests(store: Any) -> dict[Any, dict[str, Any]]:
+    """The request of every call recorded from HTTP, by call id and by (rollout id, index)."""
+    events = await store.read_all(limit=1_000_000, types=["llm.call"])
+    calls = [(e.stream_id.removeprefix("rollout-"), e.decode()) for e in events]
+    calls = [(rollout, c) for rollout, c in calls if c.source == "http" and c.request]
+    hashes = {h for _, c in calls for h in (*c.input, c.tools, c.request) if h}
+    bodies = {h: json.loads(b) for h, b in (await store.get_blobs(hashes)).items()}
+    requests: dict[Any, dict[str, Any]] = {}
+    for rollout_id, call in calls:
+        request = exchanges.join_request(bodies[call.request], call.input, call.tools, bodies)
+        requests[call.call_id] = request
+        requests.setdefault((rollout_id, call.index), request)
+    return requests
 
 
 def _answered_over_http(calls: list[dict[str, Any]]) -> list[str]:

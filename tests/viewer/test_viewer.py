@@ -588,7 +588,14 @@ def test_unknown_ids_say_so_in_one_line(browser, viewer):
 
 def test_looking_writes_nothing(browser, viewer):
     before = in_store(viewer.url, event_count)
-    for path in ("/", f"/runs/{ARITH}", "/groups/g1", "/compare/runs", "/trajectories/r1b"):
+    for path in (
+        "/",
+        f"/runs/{ARITH}",
+        "/groups/g1",
+        "/compare/runs",
+        f"/queue?run={ARITH}",  # read-only: the queue shows, without its form
+        "/trajectories/r1b",
+    ):
         visit(browser, viewer, path)
     assert texts(browser, "#rollout-error") == ["ToolError: the search tool timed out"]
     assert in_store(viewer.url, event_count) == before

@@ -387,7 +387,57 @@
     });
   }
 
+  // --- the feedback queue: keys to judge one rollout after another ----------------------
+
+  function typingIn(target) {
+    return target instanceof Element && target.closest("input, textarea, select, button, a[href]") !== null;
+  }
+
+  function queuePage() {
+    const form = document.getElementById("queue-form");
+    const skip = document.getElementById("queue-skip");
+    const field = (id) => document.getElementById(id);
+    if (form) {
+      // Nothing to record: say so rather than answer with an error page.
+      form.addEventListener("submit", (event) => {
+        const given = ["queue-score", "queue-label", "queue-comment"].some((id) => field(id).value.trim());
+        field("queue-note").hidden = given;
+        if (!given) event.preventDefault();
+      });
+    }
+    document.addEventListener("keydown", (event) => {
+      if (event.ctrlKey || event.metaKey || event.altKey || event.isComposing) return;
+      if (typingIn(event.target)) {
+        if (event.key === "Escape") event.target.blur();
+        return; // Enter in a field submits its form, as any form's
+      }
+      const action = queueKey(event.key, form, skip, field);
+      if (action) {
+        event.preventDefault();
+        action();
+      }
+    });
+  }
+
+  // What a key does outside the fields: a digit starts the score, l and c go to the label
+  // and the comment, Enter records, s skips.
+  function queueKey(key, form, skip, field) {
+    if (key === "s" && skip) return () => skip.click();
+    if (!form) return null;
+    if (/^[0-9]$/.test(key)) {
+      return () => {
+        field("queue-score").value = key;
+        field("queue-score").focus();
+      };
+    }
+    if (key === "l") return () => field("queue-label").focus();
+    if (key === "c") return () => field("queue-comment").focus();
+    if (key === "Enter") return () => form.requestSubmit();
+    return null;
+  }
+
   const PAGES = {
+    queue: queuePage,
     runs: runsPage,
     run: runPage,
     "compare-scorers": compareScorersPage,
