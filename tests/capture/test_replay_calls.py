@@ -8,40 +8,15 @@ attempt stops (raises) after some calls; the second `resumes` it.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import random
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
-from budget import LONG, budget
-from capture_helpers import served_model
-from replay_agent import CALLS, Stopped, agent, policy, policy_of
-from sqlalchemy import select
-from upstream_ids import without_ids
+from budget import LONG
+from capture_helpers import calls_of, events_of, served_model
+from replay_agent import CALLS, Stopped, agent, policy
 
 import artstore
-from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
-
-
-async def events_of(store: Any, rollout_id: str) -> list[Any]:
-    return [e.decode() for e in await store.read_stream(f"rollout-{rollout_id}")]
-
-
-async def calls_of(store: Any, rollout_id: str) -> list[Any]:
-    """The rollout's `llm.call` events, and checks that its projection holds each once."""
-    calls = [e for e in await events_of(store, rollout_id) if e.type == "llm.call"]
-    async with store.database.read() as connection:
-        indexes = await connection.execute(
-            select(t.llm_calls.c.call_index).where(t.llm_calls.c.rollout_id == rollout_id)
-        )
-        assert sorted(indexes.scalars()) == [c.index for c in calls]
-    return calls
 
 
 def asked(call: Any) -> list[Any]:
@@ -115,66 +90,6 @@ async def test_first_request_that_differs_goes_live_and_is_recorded(store: Any) 
     replayed = [e.replayed_from for e in events if e.type == "llm.call"]
     assert replayed == [c.call_id for c in earlier_calls[:3]] + [None] * (CALLS - 3)
     assert "changed" in resumed.result
-
-
-DRIVER = Path(__file__).parents[1] / "support" / "replay_crash_driver.py"
-
-
-STORM_CALLS = 30  # a long tool-using conversation
-STORM_KILLS = budget(4, 40)  # SIGKILLs per database
-
-
-def run_driver(
-    url: str, workdir: Path, server: LocalInferenceServer, kills: list[int], calls: int
-) -> int:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(DRIVER.parents[2]), str(DRIVER.parent)]),
-    }
-    at = ",".join(str(n) for n in kills)
-    arguments = [url, str(workdir), server.base_url, server.api_key, at, str(calls)]
-    done = subprocess.run(
-        [sys.executable, str(DRIVER), *arguments], env=env, capture_output=True, timeout=300
-    )
-    assert done.returncode in (0, -9), done.stderr.decode()[-3000:]
-    return done.returncode
-
-
-async def test_a_durable_rollout_killed_again_and_again_pays_for_no_answer_twice(
-    store: Any, database_url: str, tmp_path: Path
-) -> None:
-    """A 30-call tool-using agent under `durable_rollouts`, SIGKILLed after random answers
-    (STORM_KILLS times, a call number may repeat: a kill right after served calls), run
-    again by the same loop after each kill: the inference server receives each of the 30
-    requests exactly once, and the last attempt's trajectory is that of an uninterrupted
-    run of the same agent, each call once."""
-    kills = sorted(random.Random(STORM_KILLS).choices(range(STORM_CALLS - 1), k=STORM_KILLS))
-    async with LocalInferenceServer(policy_of(STORM_CALLS)) as server:
-        codes = []
-        for _ in range(STORM_KILLS + 1):
-            codes.append(
-                await asyncio.to_thread(
-                    run_driver, database_url, tmp_path, server, kills, STORM_CALLS
-                )
-            )
-        sent = server.requests
-    assert codes == [-9] * STORM_KILLS + [0]
-    # Each answer paid for once: no request answered before a kill was sent again.
-    assert [len(r["messages"]) for r in sent] == [1 + 2 * i for i in range(STORM_CALLS)]
-    result = json.loads((tmp_path / "result.json").read_text())
-    assert result["answer"] == f"done: step {STORM_CALLS - 2} ok"
-    calls = await calls_of(store, result["rollout_id"])
-    assert [c.index for c in calls] == list(range(STORM_CALLS))
-    served_back = max(kills) + 1  # the last attempt got every answer up to its kill served
-    assert [c.replayed_from is not None for c in calls[:served_back]] == [True] * served_back
-    assert not any(c.replayed_from for c in calls[served_back:])
-    async with LocalInferenceServer(policy_of(STORM_CALLS)) as fresh:
-        model = served_model(fresh)
-        async with store.rollout(model, scenario="the task", run="uninterrupted") as once:
-            once.result = await agent(fresh, stream=True, num_calls=STORM_CALLS)
-    found = await store.trajectories([result["rollout_id"], once.id])
-    resumed, uninterrupted = found[result["rollout_id"]], found[once.id]
-    assert without_ids(resumed.messages()) == without_ids(uninterrupted.messages())
 
 
 async def test_recorded_tools_are_served_back_and_others_run_again(store: Any) -> None:

@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import art
+from sqlalchemy import select
 
 from artstore.art_versions import trainable_model
 from artstore.backends.check_only import CheckOnlyBackend
+from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
 
 # Neither the tool's keys nor its parameters are in alphabetical order: a store that sorted
@@ -52,6 +54,28 @@ async def served_trainable_model(
     )
     await model.register(backend)
     return model, backend
+
+
+async def events_of(store: Any, rollout_id: str) -> list[Any]:
+    """The rollout's events, decoded."""
+    return [e.decode() for e in await store.read_stream(f"rollout-{rollout_id}")]
+
+
+async def calls_of(store: Any, rollout_id: str) -> list[Any]:
+    """The rollout's `llm.call` events, and checks that its projection holds each once.
+
+    A call recorded twice (from HTTP, then by a LangChain chat model's logger, whose record
+    names the first in `supersedes`) counts once: as its later record, as `v_llm_calls`."""
+    events = [e for e in await events_of(store, rollout_id) if e.type == "llm.call"]
+    superseded = {e.supersedes for e in events if e.supersedes}
+    calls = [e for e in events if e.call_id not in superseded]
+    async with store.database.read() as connection:
+        indexes = await connection.execute(
+            select(t.llm_calls.c.call_index).where(t.llm_calls.c.rollout_id == rollout_id)
+        )
+        projected = sorted(indexes.scalars())
+    assert projected == [c.index for c in calls], (projected, [c.index for c in calls])
+    return calls
 
 
 async def recorded_and_received(store: Any, *servers: LocalInferenceServer) -> tuple[list, list]:

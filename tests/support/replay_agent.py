@@ -1,8 +1,10 @@
-"""A deterministic tool-using agent of ten OpenAI-client calls, for the replay tests
-(tests/capture/test_replay_calls.py, tests/support/replay_crash_driver.py).
+"""Deterministic tool-using agents for the replay tests (tests/capture/test_replay_calls.py,
+tests/capture/test_resume_storm.py, tests/support/replay_crash_driver.py).
 
-Run against the LocalInferenceServer with `policy`: each call but the last asks for the
-`step` tool, which the agent runs itself; the answer quotes the last tool result.
+Run against the LocalInferenceServer with `policy_of(calls)`: each call but the last asks
+for the `step` tool; the answer quotes the last tool result. `agent` is a plain OpenAI-client
+loop that runs the tool itself; `graph_agent` a LangGraph ReAct graph on ART's chat
+model (over HTTP, recorded and served back as any client's calls) with the tool recorded (`artstore.recorded_tool`). `AGENTS` names both for the storm.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import openai
 
+import artstore
 from artstore.testing.inference_server import LocalInferenceServer, ScriptedReply
 
 CALLS = 10
@@ -116,3 +119,61 @@ async def agent(
             result = f"step {n} {'changed' if changed else 'ok'}"
             messages.append({"role": "tool", "tool_call_id": c["id"], "content": result})
     raise AssertionError("the policy never answered")
+
+
+async def graph_agent(
+    *, on_answer: Callable[[int], Awaitable[None]] | None = None, num_calls: int = CALLS
+) -> str:
+    """A LangGraph ReAct graph of `num_calls` calls of ART's `init_chat_model` (the current
+    rollout's model), bound to the `step` tool; run inside a rollout. The tool is
+    recorded: a resumed rollout gets the results recorded before served back. `await
+    on_answer(n)` runs when the tool runs for the n-th answer, before its result is
+    recorded (a kill there leaves call n answered and recorded, its tool not)."""
+    import warnings
+
+    from langchain_core.tools import tool
+
+    from art.langgraph import init_chat_model
+
+    with warnings.catch_warnings():  # create_react_agent is deprecated in LangGraph 1.x
+        warnings.simplefilter("ignore")
+        from langgraph.prebuilt import create_react_agent
+
+    @tool
+    @artstore.recorded_tool
+    async def step(n: int) -> str:
+        """One step of the task."""
+        if on_answer is not None:
+            await on_answer(n)  # the policy asks for step n in call n
+        return f"step {n} ok"
+
+    graph = create_react_agent(init_chat_model().bind_tools([step]), [step])
+    # A ReAct step is two super-steps (model, tools): more than LangGraph's default 25.
+    state = await graph.ainvoke(
+        {"messages": [("user", "do the task")]}, {"recursion_limit": 2 * num_calls + 5}
+    )
+    return state["messages"][-1].content
+
+
+async def storm_agent(
+    kind: str,
+    server: Any,
+    *,
+    num_calls: int,
+    on_answer: Callable[[int], Awaitable[None]] | None = None,
+    messages: list[Any] | None = None,
+) -> str:
+    """The storm's agent `kind` ("openai" or "langgraph"), streamed, inside a rollout."""
+    if kind == "openai":
+        return await agent(
+            server, stream=True, on_answer=on_answer, messages=messages, num_calls=num_calls
+        )
+    return await graph_agent(on_answer=on_answer, num_calls=num_calls)
+
+
+AGENTS = ("openai", "langgraph")
+
+
+def storm_reward(scenario: Any, results: list[Any], trajectories: list[Any]) -> list[float]:
+    """The storm trainer's reward function (workers get it by its import path)."""
+    return [1.0 if str(result).startswith("done") else 0.0 for result in results]
