@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
+import multiprocessing
 import random
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -35,6 +33,7 @@ from budget import budget
 from capture_helpers import calls_of, served_model
 from matrix.invariants import no_recorded_call_paid_twice
 from replay_agent import AGENTS, policy_of, storm_agent, storm_reward
+from replay_crash_driver import storm_process
 from training_helpers import rows
 from upstream_ids import without_ids
 
@@ -44,7 +43,6 @@ from artstore.backends import CheckOnlyBackend
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
 
-DRIVER = Path(__file__).parents[1] / "support" / "replay_crash_driver.py"
 STORM_CALLS = 30  # a long tool-using conversation
 SCENARIO = {"task": "the task"}  # the driver's
 # SIGKILLs per variant and database: the first variant kept its 4 in CI.
@@ -59,53 +57,76 @@ def kills_for(runner: str, agent: str) -> list[int]:
     return sorted(random.Random(f"{runner}/{agent}/{n}").choices(range(STORM_CALLS - 1), k=n))
 
 
-def run_driver(
-    runner: str, agent: str, url: str, workdir: Path, server: LocalInferenceServer, kills: list
-) -> int:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(DRIVER.parents[2]), str(DRIVER.parent)]),
-    }
-    at = ",".join(str(n) for n in kills)
-    arguments = [runner, agent, url, str(workdir), server.base_url, server.api_key, at]
-    done = subprocess.run(
-        [sys.executable, str(DRIVER), *arguments, str(STORM_CALLS)],
-        env=env,
-        capture_output=True,
-        timeout=300,
+@pytest.fixture(scope="module")
+def processes() -> Any:
+    """Processes forked from a forkserver that imported ART, LangGraph and artstore once:
+    a run started again after a kill costs no imports."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(
+        [
+            "replay_crash_driver",
+            "art",
+            "art.langgraph",
+            "langchain_core.tools",
+            "langgraph.prebuilt",
+            "artstore.store",
+            "artstore.training",
+            "artstore.workers",
+            "artstore.backends",
+        ]
     )
-    assert done.returncode in (0, -9), done.stderr.decode()[-3000:]
-    return done.returncode
+    return context
+
+
+def run_driver(processes: Any, storm_run: tuple[Any, ...], workdir: Path) -> int:
+    """One run of the driver to its end (killed, or finished); its exit code."""
+    log = workdir / f"driver-{len(list(workdir.glob('driver-*.log'))):02d}.log"
+    process = processes.Process(target=storm_process, args=(*storm_run, str(log)))
+    process.start()
+    process.join(300)
+    assert process.exitcode in (0, -9), f"{process.exitcode}: {log.read_text()[-3000:]}"
+    return process.exitcode
 
 
 async def storm(
-    runner: str, agent: str, url: str, workdir: Path, server: LocalInferenceServer
+    processes: Any,
+    runner: str,
+    agent: str,
+    url: str,
+    workdir: Path,
+    server: LocalInferenceServer,
 ) -> list[int]:
     """Run the driver until it finishes; returns the calls it was killed after."""
     kills = kills_for(runner, agent)
+    at = ",".join(str(n) for n in kills)
+    storm_run = (runner, agent, url, str(workdir), server.base_url, server.api_key, at, STORM_CALLS)
     codes = []
     for _ in range(len(kills) + 1):
-        codes.append(
-            await asyncio.to_thread(run_driver, runner, agent, url, workdir, server, kills)
-        )
-    assert codes == [-9] * len(kills) + [0]
+        codes.append(await asyncio.to_thread(run_driver, processes, storm_run, workdir))
+    assert codes == [-9] * len(kills) + [0], logs(workdir)
     return kills
+
+
+def logs(workdir: Path) -> str:
+    return "\n".join(
+        f"--- {path.name}\n{path.read_text()[-3000:]}" for path in sorted(workdir.glob("*.log"))
+    )
 
 
 @pytest.mark.parametrize("agent", AGENTS)
 async def test_a_durable_rollout_killed_again_and_again_pays_for_no_answer_twice(
-    store: Any, database_url: str, tmp_path: Path, agent: str
+    store: Any, database_url: str, tmp_path: Path, processes: Any, agent: str
 ) -> None:
     """The training loop (`durable_rollouts`, one train step), run again after each kill."""
     async with LocalInferenceServer(policy_of(STORM_CALLS)) as server:
-        kills = await storm("loop", agent, database_url, tmp_path, server)
+        kills = await storm(processes, "loop", agent, database_url, tmp_path, server)
         sent = server.requests
     await check_storm(store, agent, tmp_path, sent, kills)
 
 
 @pytest.mark.parametrize("agent", AGENTS)
 async def test_rollout_workers_killed_again_and_again_pay_for_no_answer_twice(
-    postgres_url: str, tmp_path: Path, agent: str
+    postgres_url: str, tmp_path: Path, processes: Any, agent: str
 ) -> None:
     """A rollout worker, run again after each kill: the next takes the slot over once the
     dead one's lease expired and resumes its rollout; a trainer in this process trains."""
@@ -115,7 +136,7 @@ async def test_rollout_workers_killed_again_and_again_pay_for_no_answer_twice(
     ):
         trainer = asyncio.create_task(train_from_workers(store, server, tmp_path))
         try:
-            kills = await storm("worker", agent, postgres_url, tmp_path, server)
+            kills = await storm(processes, "worker", agent, postgres_url, tmp_path, server)
             await asyncio.wait_for(trainer, 120)
         finally:
             trainer.cancel()
@@ -147,7 +168,8 @@ async def check_storm(
     store: Any, agent: str, workdir: Path, sent: list[dict[str, Any]], kills: list[int]
 ) -> None:
     # Each answer paid for once: no request answered before a kill was sent again.
-    assert [len(r["messages"]) for r in sent] == [1 + 2 * i for i in range(STORM_CALLS)]
+    lengths = [len(r["messages"]) for r in sent]
+    assert lengths == [1 + 2 * i for i in range(STORM_CALLS)], f"{lengths}\n{logs(workdir)}"
     result = json.loads((workdir / "result.json").read_text())
     assert result["answer"] == f"done: step {STORM_CALLS - 2} ok"
     calls = await calls_of(store, result["rollout_id"])

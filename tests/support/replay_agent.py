@@ -3,8 +3,9 @@ tests/capture/test_resume_storm.py, tests/support/replay_crash_driver.py).
 
 Run against the LocalInferenceServer with `policy_of(calls)`: each call but the last asks
 for the `step` tool; the answer quotes the last tool result. `agent` is a plain OpenAI-client
-loop that runs the tool itself; `graph_agent` a LangGraph ReAct graph on ART's chat
-model (over HTTP, recorded and served back as any client's calls) with the tool recorded (`artstore.recorded_tool`). `AGENTS` names both for the storm.
+loop that runs the tool itself; `graph_agent` a LangGraph ReAct graph on ART's chat model
+(over HTTP: recorded and served back as any client's calls) with the tool recorded
+(`artstore.recorded_tool`). `AGENTS` names both for the storm.
 """
 
 from __future__ import annotations
@@ -131,9 +132,8 @@ async def graph_agent(
     recorded (a kill there leaves call n answered and recorded, its tool not)."""
     import warnings
 
-    from langchain_core.tools import tool
-
     from art.langgraph import init_chat_model
+    from langchain_core.tools import tool
 
     with warnings.catch_warnings():  # create_react_agent is deprecated in LangGraph 1.x
         warnings.simplefilter("ignore")

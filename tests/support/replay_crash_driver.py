@@ -1,20 +1,20 @@
 """A storm agent's rollout that SIGKILLs itself after chosen answers, once each, run by the
 training loop or by a rollout worker (tests/capture/test_resume_storm.py).
 
-    python tests/support/replay_crash_driver.py RUNNER AGENT DATABASE_URL WORKDIR \
-        BASE_URL API_KEY KILLS CALLS
-
-RUNNER: `loop` (ART's loop made durable: `durable_rollouts`, `group_recorder`, a recording
-CheckOnlyBackend that trains one step) or `worker` (`artstore.workers.run_worker` on the
-run the test's trainer registered; PostgreSQL). AGENT: `openai` or `langgraph`
+`storm_process(runner, agent, url, workdir, base_url, api_key, kills, calls, log_path)` is
+the entry point of a process of its own (forked from a forkserver that imported ART once,
+so that the 40 restarts of the long storm cost no imports), run again and again until it
+exits 0. RUNNER: `loop` (ART's loop made durable: `durable_rollouts`, `group_recorder`, a
+recording CheckOnlyBackend that trains one step) or `worker` (`artstore.workers.run_worker`
+on the run the test's trainer registered; PostgreSQL). AGENT: `openai` or `langgraph`
 (replay_agent.py), making CALLS calls to the test's inference server, which counts them.
 
-KILLS is a comma-separated list of call numbers, in order (a number may repeat). Run it
-again and again until it exits 0: run i kills itself (writing WORKDIR/killed-i first) once
-the answer of call KILLS[i] arrived (a call served back from the record counts: the agent
-sees it arrive) and was committed; a later run resumes the rollout (the loop through
-`durable_rollouts`, a worker by taking over the dead worker's slot once its lease
-expired), and the last writes WORKDIR/result.json (the rollout id, its answer).
+KILLS is a comma-separated list of call numbers, in order (a number may repeat): run i
+kills itself (writing WORKDIR/killed-i first) once the answer of call KILLS[i] arrived (a
+call served back from the record counts: the agent sees it arrive) and was committed; a
+later run resumes the rollout (the loop through `durable_rollouts`, a worker by taking
+over the dead worker's slot once its lease expired), and the last writes
+WORKDIR/result.json (the rollout id, its answer). Its warnings go to `log_path`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,10 @@ from artstore.capture.rollout import current_rollout
 PROJECT, MODEL_NAME = "replay", "agent"
 RUN = f"{PROJECT}/{MODEL_NAME}"  # the run TrainingFramework names after the model
 SCENARIO = {"task": "the task"}
-LEASE_S = 1.0  # a killed worker's slot is taken over this long after its last heartbeat
+# A killed worker's slot is taken over this long after its last heartbeat. Not shorter: a
+# worker that stalls past its lease before its rollout started breaks the resume chain
+# (reported with the storm; see the test's module docstring).
+LEASE_S = 2.0
 
 OnAnswer = Callable[[int], Awaitable[None]]
 
@@ -124,21 +127,43 @@ async def worker(
         api_key=server.api_key,
         wait_for_run_s=120,
     )
+    print(summary, file=sys.stderr)
     assert summary.run_status == "finished", summary
 
 
 RUNNERS = {"loop": loop, "worker": worker}
 
 
+def log_to(path: str) -> None:
+    """Output and warnings (a lease lost, a rollout given back) to `path`, which the test
+    shows when a check fails."""
+    import logging
+
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+
+
 async def main(
-    runner: str, kind: str, url: str, workdir: Path, server: Any, kills: str, calls: str
-):
+    runner: str, kind: str, url: str, workdir: Path, server: Any, kills: str, calls: int
+) -> None:
     on_answer = killer(workdir, [int(n) for n in kills.split(",") if n])
     async with await artstore.open_store(url) as store:
-        await RUNNERS[runner](store, workdir, server, kind, int(calls), on_answer)
+        await RUNNERS[runner](store, workdir, server, kind, calls, on_answer)
 
 
-if __name__ == "__main__":
-    runner, kind, url, workdir, base_url, api_key, kills, calls = sys.argv[1:]
+def storm_process(
+    runner: str,
+    kind: str,
+    url: str,
+    workdir: str,
+    base_url: str,
+    api_key: str,
+    kills: str,
+    calls: int,
+    log_path: str,
+) -> None:
+    log_to(log_path)
     server = SimpleNamespace(base_url=base_url, api_key=api_key)
     asyncio.run(main(runner, kind, url, Path(workdir), server, kills, calls))
