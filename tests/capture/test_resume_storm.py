@@ -15,7 +15,14 @@ answers the test draws, started again after each kill until it finishes. Then
 - the one group was trained once: one train step, one consumption.
 
 CI kills each new variant twice (the plain loop under the training loop 4 times, as
-before); ARTSTORE_LONG=1 40 times per variant and database.
+before); ARTSTORE_LONG=1 40 times per variant and database. The runs are forked from a
+forkserver that imported ART and LangGraph once, so a restart costs no imports.
+
+Known gap (why the workers' lease is 2 s, not 1): a worker whose claim is lost after it
+recorded the earlier attempt as abandoned but before its own rollout started (a stall past
+the lease: with a 1 s lease, the first rollout's imports of LangGraph did it) leaves the
+slot's next claim naming a rollout that never started as its previous one; the attempt
+with the answers is then resumed by nobody, and its calls go to the server again.
 """
 
 from __future__ import annotations
