@@ -18,11 +18,12 @@ CI kills each new variant twice (the plain loop under the training loop 4 times,
 before); ARTSTORE_LONG=1 40 times per variant and database. The runs are forked from a
 forkserver that imported ART and LangGraph once, so a restart costs no imports.
 
-Known gap (why the workers' lease is 2 s, not 1): a worker whose claim is lost after it
-recorded the earlier attempt as abandoned but before its own rollout started (a stall past
-the lease: with a 1 s lease, the first rollout's imports of LangGraph did it) leaves the
-slot's next claim naming a rollout that never started as its previous one; the attempt
-with the answers is then resumed by nobody, and its calls go to the server again.
+Known gap (why the workers' lease is 4 s): a worker whose claim is lost after it
+recorded the earlier attempt as abandoned but before its own rollout started (its first
+heartbeat came late: seen with a 1 s lease in a few runs in ten, with 2 s once in 41
+restarts on a machine loaded 5x) leaves the slot's next claim naming a rollout that never
+started as its previous one (`rollout_claims.rollout_id` moved on at the claim): the
+attempt holding the answers is resumed by nobody, and its calls go to the server again.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ from artstore.art_versions import trainable_model
 from artstore.backends import CheckOnlyBackend
 from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
+
+pytestmark = pytest.mark.slow  # storms run first (tests/conftest.py)
 
 STORM_CALLS = 30  # a long tool-using conversation
 SCENARIO = {"task": "the task"}  # the driver's
