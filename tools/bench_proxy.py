@@ -44,6 +44,7 @@ from artstore.testing.inference_server import LocalInferenceServer
 
 ADDED_P50_MS, ADDED_P99_MS = 1.0, 5.0
 THROUGHPUT_RATIO = 2.0  # artstore serve's calls/s against LiteLLM's proxy's
+Targets = dict[str, tuple[str, str]]  # name: (URL, the key to call it with)
 LABELS = {"direct": "direct", "artstore": "artstore serve", "litellm": "LiteLLM's proxy"}
 CONCURRENCY = 16
 MESSAGES = [
@@ -86,14 +87,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def latencies(http: httpx.AsyncClient, urls: dict[str, str], key: str, n: int, stream: bool):
+async def latencies(http: httpx.AsyncClient, urls: Targets, n: int, stream: bool):
     """Time per call of each of `urls`, one call to each in turn (warmed first)."""
     mine: dict[str, list[float]] = {name: [] for name in urls}
     for _ in range(5):
-        for url in urls.values():
+        for url, key in urls.values():
             await timed(http, url, key, stream)
     for _ in range(n):
-        for name, url in urls.items():
+        for name, (url, key) in urls.items():
             mine[name].append(await timed(http, url, key, stream))
     return mine
 
@@ -133,12 +134,12 @@ async def main(arguments: argparse.Namespace) -> int:
         async with httpx.AsyncClient(timeout=60) as http:
             started = await http.post(f"{address}/api/runs/bench/rollouts", json={"model": "m"})
             urls = {
-                "direct": f"{upstream.base_url}/chat/completions",
-                "artstore": f"{started.json()['base_url']}/chat/completions",
+                "direct": (f"{upstream.base_url}/chat/completions", upstream.api_key),
+                "artstore": (f"{started.json()['base_url']}/chat/completions", upstream.api_key),
             }
             if litellm is not None:
-                urls["litellm"] = f"{litellm.base_url}/chat/completions"
-            verdicts = await measure(http, urls, upstream.api_key, arguments.calls)
+                urls["litellm"] = (f"{litellm.base_url}/chat/completions", litellm.master_key)
+            verdicts = await measure(http, urls, arguments.calls)
             await http.post(
                 f"{address}/api/rollouts/{started.json()['rollout_id']}/finish", json={}
             )
@@ -148,12 +149,12 @@ async def main(arguments: argparse.Namespace) -> int:
     return 0 if all(verdicts) else 1
 
 
-async def measure(http: httpx.AsyncClient, urls: dict[str, str], key: str, n: int) -> list[bool]:
+async def measure(http: httpx.AsyncClient, urls: Targets, n: int) -> list[bool]:
     verdicts: list[bool] = []
     for stream in (False, True):
-        found = await latencies(http, urls, key, n, stream)
+        found = await latencies(http, urls, n, stream)
         verdicts += report("streamed" if stream else "whole", found)
-    rates = {name: await throughput(http, url, key, n) for name, url in urls.items()}
+    rates = {name: await throughput(http, url, key, n) for name, (url, key) in urls.items()}
     shown = ", ".join(f"{LABELS[name]} {rate:,.0f}" for name, rate in rates.items())
     print(f"throughput ({CONCURRENCY} at a time), calls/s: {shown}")
     if "litellm" in rates:

@@ -3,7 +3,7 @@
 What a user puts in front of vLLM today, with request and response logging on offline:
 `litellm --config FILE` with the upstream named as an OpenAI-compatible model and the
 callback of `tools/litellm_jsonl_logger.py` writing each call to a JSONL file. No database,
-no master key, no network (`LITELLM_LOCAL_MODEL_COST_MAP=True`, telemetry off).
+a master key of its own, no network (`LITELLM_LOCAL_MODEL_COST_MAP=True`, telemetry off).
 
 LiteLLM runs from a virtual environment of its own, because `litellm[proxy]`'s
 dependencies clash with artstore's: `$ARTSTORE_LITELLM_PYTHON` names its python, else one
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -57,6 +58,8 @@ class LiteLLMProxy:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.server: subprocess.Popen | None = None
+        # As a user runs it: calls need a key (LiteLLM refuses to start without one).
+        self.master_key = f"sk-{secrets.token_hex(16)}"
         self._stderr: IO[str] | None = None
 
     def _config(self) -> Path:
@@ -76,6 +79,7 @@ class LiteLLMProxy:
                 "callbacks": "litellm_jsonl_logger.proxy_handler_instance",
                 "telemetry": False,
             },
+            "general_settings": {"master_key": self.master_key},
         }
         path = self.folder / "litellm.yaml"
         path.write_text(json.dumps(config, indent=2))  # JSON is YAML
