@@ -56,8 +56,7 @@ from artstore.capture.rollout import current_rollout
 from artstore.errors import ConfigurationError, InvalidArgumentError
 from artstore.events import LangGraphCheckpoint, LangGraphThreadDeleted, LangGraphWrites
 from artstore.eventstore.blobs import blob_hash, blob_json, load_payload, read_blob_texts
-from artstore.names import unstorable_character
-from artstore.projections.checkpoints import version_key
+from artstore.projections.checkpoints import thread_stream, version_key
 from artstore.redaction import known_secrets
 from artstore.schema import tables as t
 
@@ -146,7 +145,7 @@ class EventLogSaver(BaseCheckpointSaver[str]):
             },
             rollout_id=_current_rollout_id(),
         )
-        await self.store.append(_stream(thread_id), [event], blobs=blobs)
+        await self.store.append(thread_stream(thread_id), [event], blobs=blobs)
         self._blob_texts.add(blobs)
         return {
             "configurable": {
@@ -181,13 +180,15 @@ class EventLogSaver(BaseCheckpointSaver[str]):
             ],
             rollout_id=_current_rollout_id(),
         )
-        await self.store.append(_stream(thread_id), [event], blobs=blobs)
+        await self.store.append(thread_stream(thread_id), [event], blobs=blobs)
         self._blob_texts.add(blobs)
 
     async def adelete_thread(self, thread_id: str) -> None:
         self._remember_loop()
         thread_id = str(thread_id)
-        await self.store.append(_stream(thread_id), [LangGraphThreadDeleted(thread_id=thread_id)])
+        await self.store.append(
+            thread_stream(thread_id), [LangGraphThreadDeleted(thread_id=thread_id)]
+        )
 
     # --- reading ------------------------------------------------------------------------
 
@@ -579,16 +580,6 @@ def _in_blob(typed: list[str], blobs: dict[str, str]) -> str:
 
 def _payload(data: Any) -> dict[str, Any]:
     return data if isinstance(data, dict) else load_payload(data)
-
-
-def _stream(thread_id: str) -> str:
-    """The thread's stream: `langgraph-<thread id>`, or for an id a stream id cannot hold
-    (over 200 characters, NUL, a lone surrogate) `langgraph-sha256-<its hash>`; the events
-    name the thread itself either way."""
-    if len(thread_id) <= 200 and unstorable_character(thread_id) is None:
-        return f"langgraph-{thread_id}"
-    digest = hashlib.sha256(thread_id.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"langgraph-sha256-{digest}"
 
 
 def _current_rollout_id() -> str | None:
