@@ -171,7 +171,9 @@ class BatchSQL:
             heads[item.stream_id] = head + len(item.rows)
         projected: list[StatementRows] = []
         if projects:
-            found = self.in_statement(rows) if self.in_statement is not None else None
+            types = self.projected_types
+            projected_rows = [r for r in rows if types is None or r["type"] in types]
+            found = self.in_statement(projected_rows) if self.in_statement is not None else None
             if found is None:
                 return None
             projected = found

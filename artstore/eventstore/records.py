@@ -82,8 +82,9 @@ class StatementRows:
     rows: list[dict[str, Any]]
 
 
-# `in_statement(rows)`: the projection of these event rows (an append's batch, before its
-# INSERT) as `StatementRows`, or None where any of them needs its projector.
+# `in_statement(rows)`: the projection of these event rows (those of an append's batch
+# that the projector projects, before their INSERT) as `StatementRows`, or None where any
+# of them needs the projector.
 InStatement = Callable[[list[dict[str, Any]]], list[StatementRows] | None]
 # Called inside the appending transaction before an append's events are written; raising
 # refuses that append alone (nothing of it is written). Workers check their lease this way.

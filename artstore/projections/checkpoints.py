@@ -114,9 +114,9 @@ def thread_stream(thread_id: str) -> str:
 
 
 def in_statement(rows: list[dict[str, Any]]) -> list[StatementRows] | None:
-    """The projection of a batch's checkpoints and writes, as rows the statement that
-    inserts the events writes (`StatementRows`); None where an event of another projected
-    type is among them, or one outside its thread's stream.
+    """The projection of a batch's projected rows when they are checkpoints and writes,
+    as rows the statement that inserts the events writes (`StatementRows`); None where an
+    event of another type is among them, or one outside its thread's stream.
 
     They need no order across appends: every row is keyed by its thread, and a thread's
     events are in one stream, whose (stream, version) key makes two appends to it wait
@@ -126,9 +126,7 @@ def in_statement(rows: list[dict[str, Any]]) -> list[StatementRows] | None:
     for row in rows:
         kind = row["type"]
         if kind not in _IN_STATEMENT_TYPES:
-            if kind in CHECKPOINT_HANDLERS:
-                return None  # a thread deleted: its rows go, by the projector
-            continue
+            return None  # a thread deleted (its rows go), or any other projected type
         e = decode_event(kind, load_payload(row["data"]), row["event_id"])
         if row["stream_id"] != thread_stream(e.thread_id):  # type: ignore[attr-defined]
             return None
