@@ -229,6 +229,12 @@ class Database:
         async with self.read() as connection:
             return await connection.run_sync(work)
 
+    async def run_lookup(self, work: Callable[[Connection], T]) -> T:
+        """`run_read` for a read whose statements need no snapshot in common (each reads
+        rows that, once there, never change): where the database can, outside a
+        transaction, which saves its BEGIN and ROLLBACK."""
+        return await self.run_read(work)
+
     async def open_connection(self, engine: AsyncEngine) -> AsyncConnection:
         """A connection of `engine`; not getting one is DatabaseUnavailableError."""
         try:

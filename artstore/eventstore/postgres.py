@@ -312,6 +312,8 @@ class PostgresDatabase(Database):
             json_serializer=serialize,
             connect_args={**connect_args, "server_settings": settings},
         )
+        for pooled in (engine, query_engine):
+            pooled.dialect.do_ping = _ping_outside_a_transaction  # type: ignore[method-assign]
         return cls(url, engine, writer_engine, query_engine, read_only=read_only)
 
     async def dispose(self) -> None:
@@ -322,6 +324,12 @@ class PostgresDatabase(Database):
     def writer(self) -> PostgresWriter:
         self.refuse_writes()
         return PostgresWriter(self)
+
+    async def run_lookup(self, work: Callable[[Connection], T]) -> T:
+        async with self.read() as connection:
+            # No BEGIN, no ROLLBACK: two round trips of the three a one-statement read took.
+            await connection.execution_options(isolation_level="AUTOCOMMIT")
+            return await connection.run_sync(work)
 
     async def safe_position(self, connection: AsyncConnection) -> int | None:
         if not self._has_watermark:
@@ -494,6 +502,21 @@ class PostgresDatabase(Database):
 
 def _nothing() -> None:
     pass
+
+
+def _ping_outside_a_transaction(dbapi_connection: Any) -> bool:
+    """The pool's check of a connection it hands out, in one round trip: SQLAlchemy's
+    asyncpg adapter pings inside BEGIN and ROLLBACK (for pgbouncer's transaction mode,
+    which artstore's sessions cannot use anyway: session settings, advisory locks, LISTEN),
+    three round trips before every read. A connection that fails it is replaced, as
+    before."""
+    autocommit = dbapi_connection.autocommit
+    dbapi_connection.autocommit = True
+    try:
+        dbapi_connection.ping()
+    finally:
+        dbapi_connection.autocommit = autocommit
+    return True
 
 
 # Types whose values take a few bytes as text at most: a row of them needs no measuring.

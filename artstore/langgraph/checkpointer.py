@@ -206,7 +206,7 @@ class EventLogSaver(BaseCheckpointSaver[str]):
         def read(c: Connection) -> _Row | None:
             return _read_one(c, statement, parameters, self._load_document, self._blob_texts)
 
-        row = await self.store.database.run_read(read)
+        row = await self.store.database.run_lookup(read)  # blobs and events never change
         if row is None:
             return None
         self._blob_texts.add(row.blobs)
