@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # The newest revision in artstore/migrations/versions (tests/schema/test_schema.py checks that
 # Alembic's scripts agree): a new migration changes it too.
-HEAD_REVISION = "0017"
+HEAD_REVISION = "0018"
 VERSION_TABLE = "alembic_version"  # Alembic's default, in the connection's default schema
 
 

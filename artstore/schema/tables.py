@@ -462,6 +462,8 @@ rollout_claims = Table(
     Column("token", BigInteger, nullable=False),  # fencing token
     Column("worker", NAME),  # who holds (or last held) the claim
     Column("rollout_id", ID),  # the rollout of the current (or last) claim
+    # The latest rollout of the slot that started: the one its next claim resumes.
+    Column("resume_rollout_id", ID),
     Column("attempts", Integer, nullable=False),
     Column("lease_expires_at", Timestamp),
     Column("updated_at", Timestamp, nullable=False),

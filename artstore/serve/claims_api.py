@@ -26,7 +26,7 @@ from artstore.serve.errors import Refused
 from artstore.serve.limits import read_json_object
 from artstore.workers import claims
 from artstore.workers.claims import RolloutClaim, SealClaim
-from artstore.workers.worker import WORKER_GONE, abandon_rollout
+from artstore.workers.worker import WORKER_GONE, abandon_rollout, abandoned_before
 
 if TYPE_CHECKING:
     from artstore.serve.services import Services
@@ -94,7 +94,8 @@ async def _start(
     resumes = None
     if slot.previous_rollout_id is not None:
         previous = slot.previous_rollout_id
-        if await abandon_rollout(app.store, previous, WORKER_GONE):
+        taken_over = await abandon_rollout(app.store, previous, WORKER_GONE)
+        if taken_over or await abandoned_before(app.store, previous):
             resumes = previous  # its answered calls are served back, not paid again
         await app.rollouts.forget(previous)
     settings = registered.models[slot.role]

@@ -37,6 +37,7 @@ from sqlalchemy import (
     column,
     exists,
     func,
+    literal,
     or_,
     select,
     table,
@@ -48,7 +49,7 @@ from sqlalchemy.exc import DBAPIError
 from artstore.errors import ConfigurationError, LeaseLostError, WrongDatabaseError
 from artstore.eventstore.database import error_kind, translate_error
 from artstore.eventstore.recorder import ErrorKind
-from artstore.schema.tables import group_claims, rollout_claims, worker_runs
+from artstore.schema.tables import events, group_claims, rollout_claims, worker_runs
 from artstore.workers.notify import notify, notify_sync
 
 if TYPE_CHECKING:
@@ -128,7 +129,8 @@ class RolloutClaim:
     scenario_index: int
     role: str
     rollout_id: str
-    previous_rollout_id: str | None  # the rollout of an earlier claim of the slot, if any
+    # The attempt this claim resumes: the latest rollout of the slot that started, if any.
+    previous_rollout_id: str | None
     policy_step: int
 
 
@@ -523,6 +525,7 @@ async def _claim_rollouts(
             token=rollout_claims.c.token + 1,
             worker=worker,
             rollout_id=cast(func.gen_random_uuid(), String),
+            resume_rollout_id=_resumed_next(),
             attempts=rollout_claims.c.attempts + 1,
             lease_expires_at=NOW() + timedelta(seconds=lease_s),
             updated_at=NOW(),
@@ -534,7 +537,7 @@ async def _claim_rollouts(
             rollout_claims.c.batch,
             rollout_claims.c.role,
             rollout_claims.c.rollout_id,
-            candidates.c.rollout_id.label("previous_rollout_id"),
+            rollout_claims.c.resume_rollout_id.label("previous_rollout_id"),
         )
     )
     claimed = (await connection.execute(claim)).all()
@@ -557,6 +560,16 @@ async def _claim_rollouts(
         )
         for row in claimed
     ]
+
+
+def _resumed_next() -> Any:
+    """The attempt a slot's new claim resumes: the rollout of its previous claim if that
+    one started; else the one that claim was to resume (a claim lost before its rollout
+    started leaves the attempt before it to the next)."""
+    started = exists().where(
+        events.c.stream_id == literal("rollout-").concat(rollout_claims.c.rollout_id)
+    )
+    return case((started, rollout_claims.c.rollout_id), else_=rollout_claims.c.resume_rollout_id)
 
 
 async def _claim_seals(

@@ -299,6 +299,8 @@ class Worker:
             if previous is not None and await abandon_rollout(self.store, previous, WORKER_GONE):
                 self.summary.abandoned += 1
                 resumes = previous  # its answered calls are served back, not paid again
+            elif previous is not None and await abandoned_before(self.store, previous):
+                resumes = previous
             assert self.started is not None
             scenario = self.started.scenarios[claim.scenario_index]
             async with self.store.rollout(
@@ -552,6 +554,14 @@ WORKER_GONE = (
     "its worker's lease expired before the rollout ended (the worker died, stalled or lost "
     "the database) or it gave the rollout back; another worker rolled it out again"
 )
+
+
+async def abandoned_before(store: Store, rollout_id: str) -> bool:
+    """Whether `rollout_id` ended abandoned: a slot's claim that abandoned it was lost
+    before its own rollout started, and the claim kept it for the next to resume
+    (`RolloutClaim.previous_rollout_id`)."""
+    recorded = await store.read_stream(rollout_stream(rollout_id))
+    return bool(recorded) and recorded[-1].data.get("error_type") == "RolloutAbandoned"
 
 
 async def abandon_rollout(store: Store, rollout_id: str, reason: str) -> bool:

@@ -18,12 +18,10 @@ CI kills each new variant twice (the plain loop under the training loop 4 times,
 before); ARTSTORE_LONG=1 40 times per variant and database. The runs are forked from a
 forkserver that imported ART and LangGraph once, so a restart costs no imports.
 
-Known gap (why the workers' lease is 4 s): a worker whose claim is lost after it
-recorded the earlier attempt as abandoned but before its own rollout started (its first
-heartbeat came late: seen with a 1 s lease in a few runs in ten, with 2 s once in 41
-restarts on a machine loaded 5x) leaves the slot's next claim naming a rollout that never
-started as its previous one (`rollout_claims.rollout_id` moved on at the claim): the
-attempt holding the answers is resumed by nobody, and its calls go to the server again.
+Under workers, a claim may be lost after it recorded the earlier attempt as abandoned
+and before its own rollout started (its first heartbeat came late): the slot's next
+claim still resumes that attempt (`rollout_claims.resume_rollout_id`, migration 0018).
+The workers' lease is short (1.5 s) so that such stalls happen on a loaded machine.
 """
 
 from __future__ import annotations

@@ -39,12 +39,10 @@ from artstore.capture.rollout import current_rollout
 PROJECT, MODEL_NAME = "replay", "agent"
 RUN = f"{PROJECT}/{MODEL_NAME}"  # the run TrainingFramework names after the model
 SCENARIO = {"task": "the task"}
-# A killed worker's slot is taken over this long after its last heartbeat. Not shorter: a
-# worker whose first claim is lost before its rollout started (a stall past the lease: seen
-# with a 1 s lease in a few runs in ten, with 2 s once in 41 on a machine loaded 5x) breaks
-# the resume chain, and the answers of the attempt before are paid for again (the gap is
-# described in tests/capture/test_resume_storm.py).
-LEASE_S = 4.0
+# A killed worker's slot is taken over this long after its last heartbeat: short, so that
+# on a loaded machine a claim is now and then lost before its rollout starts, which must
+# not break the chain of resumes.
+LEASE_S = 1.5
 
 OnAnswer = Callable[[int], Awaitable[None]]
 

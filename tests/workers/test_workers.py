@@ -51,7 +51,7 @@ from artstore.schema import tables as t
 from artstore.testing.inference_server import LocalInferenceServer
 from artstore.workers import claims, run_worker, sealed_groups, wait_for_groups
 from artstore.workers.claims import GroupPlan
-from artstore.workers.worker import InferenceModel, abandon_rollout
+from artstore.workers.worker import InferenceModel, abandon_rollout, abandoned_before
 
 RUN = "workers-test/run"
 CLAIM_HOLDER = Path(__file__).parents[1] / "support" / "claim_holder.py"
@@ -197,6 +197,35 @@ async def test_an_expired_lease_is_claimed_again_and_the_stale_end_is_refused(pg
     assert by_id[fresh.rollout_id].status == "finished"
     (group,) = await rows(pg_store, t.group_claims)
     assert group.status == "sealable"  # its last slot ended
+
+
+async def test_a_claim_lost_before_its_rollout_started_leaves_its_attempt_to_the_next(pg_store):
+    """The attempt a claim abandoned is resumed by the next claim when that claim's own
+    rollout never started (its worker stalled past its lease): the chain of resumes holds."""
+    database = pg_store.database
+    await register(pg_store, batches=[0], group_size=1)
+    (first,) = await claims.claim_rollouts(database, RUN, "first", 1, 30)
+    with pytest.raises(LeaseLostError):
+        async with claimed_rollout(pg_store, first) as rollout:
+            await pg_store.flush()  # started: its worker then stalls past its lease
+            await expire(pg_store, t.rollout_claims, group_id=first.group_id)
+            (lost,) = await claims.claim_rollouts(database, RUN, "lost", 1, 30)
+            rollout.result = "too late"
+    assert lost.previous_rollout_id == first.rollout_id
+    assert await abandon_rollout(pg_store, first.rollout_id, "gone")
+    await expire(pg_store, t.rollout_claims, group_id=first.group_id)  # lost never started
+
+    (third,) = await claims.claim_rollouts(database, RUN, "third", 1, 30)
+    assert third.previous_rollout_id == first.rollout_id  # not lost's: it names nothing
+    assert await abandoned_before(pg_store, first.rollout_id)
+    assert not await abandoned_before(pg_store, lost.rollout_id)
+    with pytest.raises(LeaseLostError):
+        async with claimed_rollout(pg_store, third) as rollout:
+            await pg_store.flush()
+            await expire(pg_store, t.rollout_claims, group_id=first.group_id)
+            (fourth,) = await claims.claim_rollouts(database, RUN, "fourth", 1, 30)
+            rollout.result = "too late"
+    assert fourth.previous_rollout_id == third.rollout_id  # it started: it is the one to resume
 
 
 async def test_a_worker_stopped_inside_a_claims_transaction_gives_up_its_slots(
