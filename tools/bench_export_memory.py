@@ -49,12 +49,7 @@ from bench_queries import (  # tools/bench_queries.py, beside this file
     RUN,
     Place,
     load,
-    plan_run,
-    record,
 )
-
-import artstore
-from artstore.datasets import Selection, create_dataset
 
 RUN_FORMATS = ("jsonl", "atif", "otlp", "parquet")
 DATASET_FORMATS = ("openai", "hf-sft", "hf-dpo", "hf-kto", "art")
@@ -95,32 +90,50 @@ def run_export(command: list[str]) -> tuple[float, float, str]:
     return seconds, usage.ru_maxrss / 1024, stderr  # ru_maxrss: KiB on Linux
 
 
+def launcher_mib() -> float:
+    """This process's resident set size now, in MiB."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
 def progress_lines(stderr: str) -> int:
     """The lines that say how far an export got (`exported n/N`, or a progress bar's)."""
     lines = stderr.replace("\r", "\n").splitlines()
     return sum(1 for line in lines if "exported" in line or "exporting" in line)
 
 
-async def recorded(place: Place, database: str, rollouts: int, seed: int) -> str:
+def recorded(place: Place, database: str, rollouts: int, seed: int) -> str:
     """A fresh database of `database` holding the bench run of `rollouts` and its dataset;
-    its URL."""
+    its URL. Recorded by a child process: Linux counts the RSS a process had when it
+    forked in its children's peak (`ru_maxrss`), so this one stays small."""
     if database == "sqlite":
         path = place.folder / f"artstore-{rollouts}.db"
         url = f"sqlite:///{path}"
     else:
         url = place.postgres_database()
     start = time.perf_counter()
-    plan = plan_run(rollouts // ROLLOUTS_PER_STEP, seed)
-    async with await artstore.open_store(url) as store:
-        await record(store, plan)
-        del plan
-        await create_dataset(store, DATASET, Selection(run=RUN))
+    command = [sys.executable, __file__, "--record", url, "--rollouts", str(rollouts)]
+    subprocess.run([*command, "--seed", str(seed)], check=True)
     print(
         f"recorded {rollouts:,} rollouts on {database} in {time.perf_counter() - start:.0f} s "
         f"({load()})",
         flush=True,
     )
     return url
+
+
+async def record_run(url: str, rollouts: int, seed: int) -> None:
+    """Record the bench run of `rollouts` at `url` (in bulk) and its dataset."""
+    from bench_queries import plan_run, record
+
+    import artstore
+    from artstore.datasets import Selection, create_dataset
+
+    plan = plan_run(rollouts // ROLLOUTS_PER_STEP, seed)
+    async with await artstore.open_store(url) as store:
+        await record(store, plan)
+        await create_dataset(store, DATASET, Selection(run=RUN))
 
 
 def measure(formats: list[str], database: str, url: str, rollouts: int, place: Place) -> list:
@@ -182,13 +195,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=5, help="of the generated run")
     parser.add_argument("--keep", action="store_true", help="keep the databases")
+    parser.add_argument("--record", metavar="URL", help=argparse.SUPPRESS)  # the child's work
     args = parser.parse_args(argv)
     args.databases = [d for d in args.databases.split(",") if d]
     args.formats = [f for f in args.formats.split(",") if f]
     unknown = set(args.formats) - set(RUN_FORMATS + DATASET_FORMATS)
     if unknown:
         parser.error(f"unknown formats: {sorted(unknown)}")
-    if args.rollouts < 2 * ROLLOUTS_PER_STEP or args.rollouts % ROLLOUTS_PER_STEP:
+    if (
+        args.rollouts < ROLLOUTS_PER_STEP * (1 if args.record else 2)
+        or args.rollouts % ROLLOUTS_PER_STEP
+    ):
         parser.error(f"--rollouts must be a multiple of {ROLLOUTS_PER_STEP}, at least two")
     return args
 
@@ -200,6 +217,9 @@ def small_size(rollouts: int) -> int:
 
 async def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.record:
+        await record_run(args.record, args.rollouts, args.seed)
+        return 0
     place = Place(args.postgres_url)
     small, large = small_size(args.rollouts), args.rollouts
     found: list[Measured] = []
@@ -207,9 +227,12 @@ async def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_export_memory: {small:,} and {large:,} rollouts ({load()})", flush=True)
         for database in args.databases:
             for rollouts in (small, large):
-                url = await recorded(place, database, rollouts, args.seed)
+                url = recorded(place, database, rollouts, args.seed)
                 found += measure(args.formats, database, url, rollouts, place)
         print(table(found))
+        print(
+            f"(the launcher's own RSS, which no child's peak reads below: {launcher_mib():.0f} MiB)"
+        )
         lines = verdicts(found, small, large)
         print("\n".join(lines))
         return 0 if all(line.startswith("PASS") for line in lines) else 1
