@@ -10,7 +10,7 @@ export would cost the test a minute of imports): each child starts from the same
 sets the kernel's peak resident set size to what it holds then (`/proc/self/clear_refs`,
 5), runs the export and reads its peak (`VmHWM`): what the export itself added, never
 what an earlier export left behind. Chunks and pages are one group
-(`heavy_run.GROUP_SIZE` rollouts), so the small run already has several. Writes a JSON
+(`heavy_run.GROUP_SIZE` rollouts), so the small run is one and the large one eight. Writes a JSON
 line per export to OUT_DIR/peaks.jsonl: format, run, peak MiB, and the lines it wrote
 on stderr that report progress.
 """
@@ -30,15 +30,28 @@ RUN_FORMATS = ("jsonl", "atif", "otlp", "parquet")
 
 
 def _warm() -> None:
-    """Import, once, what every export imports on its first use."""
-    import art.utils.trajectory_logging  # noqa: F401
-    import opentelemetry.exporter.otlp.proto.common.trace_encoder
-    import opentelemetry.sdk.trace  # noqa: F401
-    import pyarrow.parquet  # noqa: F401
+    """Import, once, what the exports import on their first use (each child would again)."""
+    import importlib
 
-    import artstore.cli
-    import artstore.datasets.export
-    import artstore.exchange  # noqa: F401
+    for name in (
+        "aiosqlite",
+        "asyncpg",
+        "art.langgraph",
+        "art.utils.trajectory_logging",
+        "artstore.cli",
+        "artstore.datasets.export",
+        "artstore.exchange",
+        "artstore.store",
+        "google.protobuf.json_format",
+        "langchain_openai",
+        "opentelemetry.exporter.otlp.proto.common.trace_encoder",
+        "opentelemetry.sdk.trace.export.in_memory_span_exporter",
+        "pandas",
+        "pyarrow.compute",
+        "pyarrow.pandas_compat",
+        "pyarrow.parquet",
+    ):
+        importlib.import_module(name)
 
 
 def _peak_mib() -> float:
@@ -82,7 +95,7 @@ def _in_child(fmt: str, name: str, url: str, folder: Path) -> None:
     try:
         suffix = ".jsonl" if fmt in ("jsonl", "atif", "otlp", "openai") else ""
         peak, stderr = _export(fmt, url, folder / f"{fmt}-{name}{suffix}")
-        progress = [line for line in stderr.splitlines() if "export" in line]
+        progress = [line for line in stderr.splitlines() if line.startswith("exported ")]
         measured = {"format": fmt, "run": name, "peak_mib": peak, "progress": progress}
         with open(folder / "peaks.jsonl", "a") as peaks:  # (stdout: the commands')
             peaks.write(json.dumps(measured) + "\n")

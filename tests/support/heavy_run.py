@@ -35,7 +35,7 @@ MODEL = "tests/heavy"
 SCORER = "correct"
 DATASET = "heavy-set"
 GROUP_SIZE = 4
-TOOL_OUTPUT_CHARS = 512 * 1024
+TOOL_OUTPUT_CHARS = 1024 * 1024
 BASE = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
