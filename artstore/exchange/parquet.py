@@ -177,9 +177,26 @@ async def export_parquet(
         for g, ids in entries
         if any(rid not in scored for rid in ids)
     }
-    total = sum(len(ids) for e in files.values() for g, ids in e if g.group_id not in unscored)
+    kept = {key: [(g, ids) for g, ids in files[key] if g.group_id not in unscored] for key in files}
+    await _write_files(store, run, kept, targets, scorer, summary, progress)
+    summary.groups = len({g.group_id for e in files.values() for g, _ in e} - unscored)
+    summary.unscored_groups = len(unscored)
+    return summary
+
+
+async def _write_files(
+    store: Store,
+    run: str,
+    files: dict[tuple[str, int], list[tuple[GroupOutline, list[str]]]],
+    targets: dict[tuple[str, int], Path],
+    scorer: str,
+    summary: ExportSummary,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Each file in turn: its trajectories read, written and let go before the next's."""
+    total = sum(len(ids) for entries in files.values() for _, ids in entries)
     for key in sorted(files):
-        entries = [(g, ids) for g, ids in files[key] if g.group_id not in unscored]
+        entries = files[key]
         if not entries:
             continue
         trajectories = await store.trajectories(
@@ -191,9 +208,6 @@ async def export_parquet(
         summary.trajectories += sum(len(ids) for _, ids in entries)
         if progress is not None:
             progress(summary.trajectories, total)
-    summary.groups = len({g.group_id for e in files.values() for g, _ in e} - unscored)
-    summary.unscored_groups = len(unscored)
-    return summary
 
 
 def _art_group(run: str, group: GroupOutline, trajectories: list) -> art.TrajectoryGroup:
