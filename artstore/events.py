@@ -225,6 +225,9 @@ class ReplayDiverged(Event):
     recorded_call_id: str | None  # the earlier attempt's call there (None: a call it lacks)
     recorded_fingerprint: str | None
     fingerprint: str  # of the request the agent sent
+    # The request's top-level fields that differ from the recorded one's (`messages`,
+    # `model`, `temperature`, ...): names only, never a value.
+    differs: list[str] = []
 
 
 @event_type("tool.called")

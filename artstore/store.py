@@ -30,7 +30,7 @@ from artstore.arguments import (
 )
 from artstore.errors import DatabaseUnavailableError, InvalidArgumentError, NotFoundError
 from artstore.eventstore.database import Database, connect, database_class, translate_error
-from artstore.eventstore.records import Projector, SideBySide
+from artstore.eventstore.records import InStatement, Projector, SideBySide
 from artstore.eventstore.store import EventStore
 from artstore.names import kind_of
 from artstore.redaction import learn
@@ -66,12 +66,14 @@ class Store:
         projector: Projector | None = None,
         projected_types: Collection[str] | None = None,
         side_by_side: SideBySide | None = None,
+        in_statement: InStatement | None = None,
     ) -> None:
         events = EventStore(
             database,
             projector=projector,
             projected_types=projected_types,
             side_by_side=side_by_side,
+            in_statement=in_statement,
         )
         self.events = events
         self.database = database
@@ -326,7 +328,12 @@ async def open_store(
     if read_only:  # it never appends: no projector (LangChain and the projections stay unloaded)
         return Store(database)
     from artstore.capture import credentials
-    from artstore.projections import project, projected_types, side_by_side  # not for `--help`
+    from artstore.projections import (  # not for `--help`
+        in_statement,
+        project,
+        projected_types,
+        side_by_side,
+    )
 
     credentials.install()  # a store that writes learns the keys of the requests sent from now
 
@@ -336,6 +343,7 @@ async def open_store(
         projector=project,
         projected_types=types,
         side_by_side=side_by_side.SideBySide(types),
+        in_statement=in_statement,
     )
 
 

@@ -301,8 +301,7 @@ def serve_recorded(
     if replay is None or replay.live:
         return None
     started_at = datetime.now(UTC)
-    fingerprint = replays.request_fingerprint(replays.stored_form(body, target.redact))
-    found = replay.take(fingerprint, target.id)
+    found = replay.take(replays.stored_form(body, target.redact), target.id)
     if isinstance(found, ReplayDiverged):
         target.submit_event(found)
         return None

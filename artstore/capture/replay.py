@@ -77,7 +77,8 @@ class RecordedCall:
     """A call of the earlier attempt that may be served again."""
 
     event: LLMCall
-    fingerprint: str
+    request: dict[str, Any]  # what its fingerprint is taken of
+    fingerprint: str  # `request_fingerprint(request)`
     response: dict[str, Any]  # the stored response document ({"json": ...} or {"sse": ...})
 
 
@@ -96,9 +97,12 @@ class Replay:
         self.served = 0
         self._lock = threading.Lock()
 
-    def take(self, fingerprint: str, rollout_id: str) -> RecordedCall | ReplayDiverged | None:
-        """The recorded call to serve for a request; else the divergence to record (once),
-        or None (live already, or past the end of the record)."""
+    def take(
+        self, request: dict[str, Any], rollout_id: str
+    ) -> RecordedCall | ReplayDiverged | None:
+        """The recorded call to serve for `request` (as its fingerprint is taken); else the
+        divergence to record (once), or None (live already, or past the end of the record)."""
+        fingerprint = request_fingerprint(request)
         with self._lock:
             if self.live:
                 return None
@@ -118,14 +122,22 @@ class Replay:
                 recorded_call_id=recorded.event.call_id,
                 recorded_fingerprint=recorded.fingerprint,
                 fingerprint=fingerprint,
+                differs=differing_keys(recorded.request, request),
             )
 
 
-def message_fingerprint(messages: list[dict[str, Any]], tools: Any) -> str:
-    """The fingerprint of a call of a LangChain chat model (artstore's `init_chat_model`):
-    each message as stored (`message_to_dict`) reduced to its type, content, tool calls,
-    tool call id and name (ids that LangGraph makes up anew on each run left out), and
-    the tools offered, as `request_fingerprint` takes it."""
+def differing_keys(recorded: dict[str, Any], sent: dict[str, Any]) -> list[str]:
+    """The names of a request's top-level fields whose values differ from the record's
+    (`messages`, `model`, `temperature`, ...): why a resumed rollout went live, without
+    storing a value."""
+    return sorted(k for k in recorded.keys() | sent.keys() if recorded.get(k) != sent.get(k))
+
+
+def message_request(messages: list[dict[str, Any]], tools: Any) -> dict[str, Any]:
+    """What the fingerprint of a call of a LangChain chat model (artstore's
+    `init_chat_model`) is taken of: each message as stored (`message_to_dict`) reduced to
+    its type, content, tool calls, tool call id and name (ids that LangGraph makes up anew
+    on each run left out), and the tools offered."""
 
     def essential(message: dict[str, Any]) -> list[Any]:
         data = message.get("data") or {}
@@ -138,7 +150,7 @@ def message_fingerprint(messages: list[dict[str, Any]], tools: Any) -> str:
             data.get("name"),
         ]
 
-    return request_fingerprint({"messages": [essential(m) for m in messages], "tools": tools})
+    return {"messages": [essential(m) for m in messages], "tools": tools}
 
 
 def _answered(events: list[LLMCall], source: str) -> list[LLMCall]:
@@ -164,11 +176,11 @@ def _recorded(events: list[LLMCall], bodies: dict[str, Any]) -> list[RecordedCal
         if event.source == "http":
             assert event.request is not None
             request = docs.join_request(bodies[event.request], event.input, event.tools, bodies)
-            fingerprint = request_fingerprint(request)
         else:
             tools = bodies[event.tools] if event.tools else None
-            fingerprint = message_fingerprint([bodies[h] for h in event.input], tools)
-        calls.append(RecordedCall(event, fingerprint, bodies[event.output]))
+            request = message_request([bodies[h] for h in event.input], tools)
+        fingerprint = request_fingerprint(request)
+        calls.append(RecordedCall(event, request, fingerprint, bodies[event.output]))
     return calls
 
 

@@ -48,7 +48,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 
 from artstore.art_api import art_module
 from artstore.capture import http, matching
-from artstore.capture.replay import Replay, load_replay, message_fingerprint, replayed_event
+from artstore.capture.replay import Replay, load_replay, message_request, replayed_event
 from artstore.capture.targets import CURRENT_ROLLOUT, CallTarget
 from artstore.capture.tools import ToolReplay
 from artstore.documents import messages as lc
@@ -202,7 +202,7 @@ class Rollout(CallTarget):
         messages = lc.as_messages(input)
         dumps = [json.loads(self.redact(lc.dump_message(m))) for m in messages]
         offered = json.loads(self.redact(blob_json(_openai_tools(tools)))) if tools else None
-        found = chat.take(message_fingerprint(dumps, offered), self.id)
+        found = chat.take(message_request(dumps, offered), self.id)
         if isinstance(found, ReplayDiverged):
             self.submit_event(found)
             return None

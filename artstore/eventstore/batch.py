@@ -4,8 +4,9 @@
 transaction fails; this module holds the SQL inside its transactions, over the database's
 `Recorder`:
 
-- `BatchSQL.rows_alone`: the batch as bare event rows, when that is all it is (nothing to
-  check, project or store beside them): the writer may commit them in one statement;
+- `BatchSQL.rows_alone`: the batch as event rows, when nothing needs checking in its
+  transaction, with its new blobs and projection rows where the writer can write them in
+  the same statement (`StatementRows`): the writer may commit them in one statement;
 - `BatchSQL.write_together`: the whole batch in one INSERT, with versions from the stream
   heads this process knows, then its projections;
 - `BatchSQL.write_checked`: one append on its own, checked for a retry, a partial
@@ -36,9 +37,11 @@ from artstore.eventstore.records import (
     NO_STREAM,
     AppendResult,
     Condition,
+    InStatement,
     Projector,
     RecordedEvent,
     SideBySide,
+    StatementRows,
     recorded_events,
 )
 from artstore.eventstore.streams import stream_heads
@@ -71,6 +74,16 @@ class Append:
         self.result, self.error, self.recorded = None, None, []
 
 
+@dataclass
+class Alone:
+    """A batch as one statement that commits by itself: its event rows (versions given),
+    the rows of the blobs this process has not stored, and its projection rows."""
+
+    rows: list[dict[str, Any]]
+    blobs: list[dict[str, Any]]
+    projected: list[StatementRows]
+
+
 class Recent(OrderedDict[str, Any]):
     """What this process wrote (stream heads, stored blobs), the newest `size` of it."""
 
@@ -96,6 +109,8 @@ class BatchSQL:
         projected_types: Collection[str] | None,
         side_by_side: SideBySide | None,
         side_by_side_offered: bool,
+        in_statement: InStatement | None = None,
+        in_statement_offered: bool = False,
     ) -> None:
         self.recorder = recorder
         self.projector = projector
@@ -105,6 +120,10 @@ class BatchSQL:
         # Without it, a batch with anything to project takes the append lock alone.
         self.side_by_side = side_by_side
         self.side_by_side_offered = side_by_side_offered  # the database's writer allows it
+        # Projections written by the events' own INSERT (`StatementRows`), where the
+        # database's writer can: an append is then one statement that commits by itself.
+        self.in_statement = in_statement
+        self.in_statement_offered = in_statement_offered and in_statement is not None
         # Heads of streams this process wrote, to skip a query per append. A stale head
         # (another process appended) fails on the unique (stream, version) key and the
         # append is then checked against the database.
@@ -122,19 +141,25 @@ class BatchSQL:
     def forget_head(self, stream_id: str) -> None:
         self.heads.pop(stream_id, None)
 
-    def rows_alone(self, batch: list[Append]) -> list[dict[str, Any]] | None:
-        """The batch's event rows when they are all of it: no append has a condition, a
-        blob to store, an event to project, or a stream whose head this process does not
-        know (a new stream's is 0). None otherwise. A head another process moved on
+    def rows_alone(self, batch: list[Append]) -> Alone | None:
+        """The batch as event rows alone, when that is all it takes: no append has a
+        condition or a stream whose head this process does not know (a new stream's is
+        0), and where the writer cannot write them in the same statement, no blob to
+        store and no event to project. None otherwise. A head another process moved on
         fails on the unique (stream, version) key, and the batch is then written the
         checked way (`write_checked`, append by append)."""
         heads: dict[str, int] = {}
         rows: list[dict[str, Any]] = []
+        projects = False
         for item in batch:
-            if item.condition is not None or any(d not in self.stored_blobs for d in item.blobs):
+            if item.condition is not None:
+                return None
+            if not self.in_statement_offered and self._new_blobs([item]):
                 return None
             if self._projects_any(item):
-                return None
+                if not self.in_statement_offered:
+                    return None
+                projects = True
             head = heads.get(item.stream_id, self.heads.get(item.stream_id))
             if head is None:
                 if item.expected_version != NO_STREAM:
@@ -144,7 +169,16 @@ class BatchSQL:
                 return None  # the checked way says which version the stream is at
             rows.extend({**row, "version": head + n} for n, row in enumerate(item.rows, start=1))
             heads[item.stream_id] = head + len(item.rows)
-        return rows
+        projected: list[StatementRows] = []
+        if projects:
+            types = self.projected_types
+            projected_rows = [r for r in rows if types is None or r["type"] in types]
+            found = self.in_statement(projected_rows) if self.in_statement is not None else None
+            if found is None:
+                return None
+            projected = found
+        new = self._new_blobs(batch)
+        return Alone(rows, [blob_row(h, b) for h, b in sorted(new.items())], projected)
 
     def _projects_any(self, item: Append) -> bool:
         if self.projector is None:
@@ -244,12 +278,17 @@ class BatchSQL:
             item.recorded = recorded_events(rows, positions)
             self.projector(connection, item.recorded, item.blobs)
 
+    def _new_blobs(self, batch: list[Append]) -> dict[str, str]:
+        """The blobs of the batch this process has not stored, by hash."""
+        return {
+            digest: body
+            for item in batch
+            for digest, body in item.blobs.items()
+            if digest not in self.stored_blobs
+        }
+
     def _insert_blobs(self, connection: Connection, batch: list[Append]) -> None:
-        new = {}
-        for item in batch:
-            for digest, body in item.blobs.items():
-                if digest not in self.stored_blobs:
-                    new[digest] = body
+        new = self._new_blobs(batch)
         if not new:
             return
         # In one order in every process: on PostgreSQL blobs are written before the append

@@ -20,7 +20,7 @@ import functools
 import importlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from sqlalchemy import text
@@ -41,6 +41,7 @@ from artstore.errors import (
     StorageFullError,
 )
 from artstore.eventstore.recorder import ErrorKind, Recorder, causes
+from artstore.eventstore.records import StatementRows
 from artstore.urls import redact
 
 T = TypeVar("T")
@@ -84,14 +85,17 @@ class WriteBatch:
 
     `write(connection)` does all of it: stream heads, checks, blobs, events, projections.
     `rows`, when not None, says that the batch is nothing but these event rows (versions
-    included: no condition, no new blob, nothing to project): a database may then insert
-    them in one statement that commits by itself, and calls `inserted(positions)` instead
-    of `write`. Where it cannot, `write` does the same."""
+    included: no condition), the `blobs` rows not stored yet and the projection rows
+    `projected` (empty unless the writer `projects_in_statement`): a database may then
+    insert them in one statement that commits by itself, and calls `inserted(positions)`
+    instead of `write`. Where it cannot, `write` does the same."""
 
     write: Callable[[Connection], None]
     events: int
     rows: list[dict[str, Any]] | None = None
     inserted: Callable[[list[int]], None] | None = None
+    blobs: list[dict[str, Any]] = field(default_factory=list)
+    projected: list[StatementRows] = field(default_factory=list)
 
 
 class Writer:
@@ -123,6 +127,9 @@ class Writer:
     # Whether `Recorder.insert_events(..., side_by_side=True)` shares the append lock with
     # other such transactions on this database now (PostgreSQL from migration 0010).
     side_by_side_appends: bool = False
+    # Whether a batch's `rows` may come with new blobs and projection rows (`StatementRows`),
+    # all written by the statement that commits by itself (PostgreSQL).
+    projects_in_statement: bool = False
 
     async def refresh_statistics(self) -> None:
         """Help the query planner after many appends (where the database needs it)."""
@@ -221,6 +228,12 @@ class Database:
         the scheduler on a busy machine), the whole of `work` is one hop."""
         async with self.read() as connection:
             return await connection.run_sync(work)
+
+    async def run_lookup(self, work: Callable[[Connection], T]) -> T:
+        """`run_read` for a read whose statements need no snapshot in common (each reads
+        rows that, once there, never change): where the database can, outside a
+        transaction, which saves its BEGIN and ROLLBACK."""
+        return await self.run_read(work)
 
     async def open_connection(self, engine: AsyncEngine) -> AsyncConnection:
         """A connection of `engine`; not getting one is DatabaseUnavailableError."""

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 from sqlalchemy import (
     ARRAY,
     BigInteger,
+    Integer,
     String,
     Table,
     Text,
@@ -54,6 +55,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 from sqlalchemy.sql import Insert, Select
+from sqlalchemy.types import TypeDecorator
 
 from artstore.errors import ConfigurationError, QueryError
 from artstore.eventstore import reader_role
@@ -68,6 +70,8 @@ from artstore.eventstore.database import (
 )
 from artstore.eventstore.reader_role import READER_ROLE
 from artstore.eventstore.recorder import ErrorKind, causes
+from artstore.eventstore.records import StatementRows
+from artstore.schema.tables import blobs as t_blobs
 from artstore.schema.tables import events
 
 # Key of the advisory lock that makes migrations wait for each other ("artstore" + 1).
@@ -308,6 +312,8 @@ class PostgresDatabase(Database):
             json_serializer=serialize,
             connect_args={**connect_args, "server_settings": settings},
         )
+        for pooled in (engine, query_engine):
+            pooled.dialect.do_ping = _ping_outside_a_transaction  # type: ignore[method-assign]
         return cls(url, engine, writer_engine, query_engine, read_only=read_only)
 
     async def dispose(self) -> None:
@@ -318,6 +324,12 @@ class PostgresDatabase(Database):
     def writer(self) -> PostgresWriter:
         self.refuse_writes()
         return PostgresWriter(self)
+
+    async def run_lookup(self, work: Callable[[Connection], T]) -> T:
+        async with self.read() as connection:
+            # No BEGIN, no ROLLBACK: two round trips of the three a one-statement read took.
+            await connection.execution_options(isolation_level="AUTOCOMMIT")
+            return await connection.run_sync(work)
 
     async def safe_position(self, connection: AsyncConnection) -> int | None:
         if not self._has_watermark:
@@ -492,6 +504,21 @@ def _nothing() -> None:
     pass
 
 
+def _ping_outside_a_transaction(dbapi_connection: Any) -> bool:
+    """The pool's check of a connection it hands out, in one round trip: SQLAlchemy's
+    asyncpg adapter pings inside BEGIN and ROLLBACK (for pgbouncer's transaction mode,
+    which artstore's sessions cannot use anyway: session settings, advisory locks, LISTEN),
+    three round trips before every read. A connection that fails it is replaced, as
+    before."""
+    autocommit = dbapi_connection.autocommit
+    dbapi_connection.autocommit = True
+    try:
+        dbapi_connection.ping()
+    finally:
+        dbapi_connection.autocommit = autocommit
+    return True
+
+
 # Types whose values take a few bytes as text at most: a row of them needs no measuring.
 _FEW_BYTES = frozenset(
     [
@@ -650,6 +677,103 @@ def _insert_parameters(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     }
 
 
+def _insert_statement(
+    rows: list[dict[str, Any]], blobs: list[dict[str, Any]], projected: list[StatementRows]
+) -> tuple[Any, dict[str, Any]]:
+    """The statement that inserts `rows` through `artstore_insert_events`, the `blobs`
+    rows before them and the `projected` rows after, and its parameters.
+
+    Blobs come first, as in a transaction (artstore.eventstore.batch): the function's
+    arguments wait for them (a scalar subquery over their INSERT is evaluated before the
+    function runs), so that the append lock is never held while a blob another appender
+    inserts is waited for. Each projection is an INSERT of its own in the statement,
+    joined to the events' positions by event id, run once the events are in."""
+    if not blobs and not projected:
+        return _INSERT_SIDE_BY_SIDE, _insert_parameters(rows)
+    parameters = _insert_parameters(rows)
+    parts = []
+    event_ids = "CAST(:event_ids AS varchar[])"
+    if blobs:
+        columns, selected = _unnested(t_blobs, ["hash", "body", "size", "codec"], "b", blobs)
+        parameters.update(columns)
+        parts.append(
+            f"new_blobs AS (INSERT INTO blobs (hash, body, size, codec) {selected} "
+            "ON CONFLICT (hash) DO NOTHING RETURNING 1)"
+        )
+        event_ids = f"(SELECT {event_ids} FROM (SELECT count(*) FROM new_blobs) AS stored)"
+    parts.append(
+        "inserted AS (SELECT inserted_event_id, inserted_position FROM artstore_insert_events("
+        f"{event_ids}, CAST(:stream_ids AS varchar[]), CAST(:versions AS integer[]), "
+        "CAST(:types AS varchar[]), CAST(:data AS json[]), "
+        "CAST(:recorded_at AS timestamptz[])))"
+    )
+    for number, part in enumerate(projected):
+        parts.append(_projection(number, part, parameters))
+    sql = "WITH " + ", ".join(parts) + " SELECT inserted_event_id, inserted_position FROM inserted"
+    return text(sql), parameters
+
+
+def _projection(number: int, part: StatementRows, parameters: dict[str, Any]) -> str:
+    """One `StatementRows` as a CTE of the statement (its parameters added)."""
+    names = [c.name for c in part.table.columns if c.name != "position"]
+    rows = _deduplicated(part)
+    columns, selected = _unnested(part.table, [*names, "event_id"], f"p{number}", rows)
+    parameters.update(columns)
+    listed = ", ".join(names)
+    picked = ", ".join(f"r.{name}" for name in names)
+    keys = ", ".join(part.keys)
+    action = "UPDATE SET position = excluded.position" if part.replace else "NOTHING"
+    return (
+        f"projected_{number} AS (INSERT INTO {part.table.name} ({listed}, position) "
+        f"SELECT {picked}, inserted.inserted_position FROM ({selected}) AS r "
+        "JOIN inserted ON inserted.inserted_event_id = r.event_id "
+        f"ON CONFLICT ({keys}) DO {action})"
+    )
+
+
+def _deduplicated(part: StatementRows) -> list[dict[str, Any]]:
+    """One row per key, as rows written one after the other leave it (the last where it
+    replaces, the first where it keeps): a statement may not touch a row twice."""
+    by_key: dict[tuple, dict[str, Any]] = {}
+    for row in part.rows:
+        key = tuple(row[name] for name in part.keys)
+        if part.replace or key not in by_key:
+            by_key[key] = row
+    return list(by_key.values())
+
+
+def _unnested(
+    table: Table, names: list[str], prefix: str, rows: list[dict[str, Any]]
+) -> tuple[dict[str, list[Any]], str]:
+    """The rows' columns `names` as one array parameter each (bound through the column's
+    type, as an INSERT binds it: a projected text's NUL becomes U+FFFD), and the SELECT
+    that unnests them back into rows."""
+    parameters: dict[str, list[Any]] = {}
+    casts = []
+    for name in names:
+        column = table.columns.get(name)
+        kind = column.type if column is not None else String()  # event_id: not a column
+        process = kind.bind_processor(_DIALECT)
+        values = [row[name] for row in rows]
+        parameters[f"{prefix}_{name}"] = [process(v) for v in values] if process else values
+        casts.append(f"CAST(:{prefix}_{name} AS {_array_type(kind)})")
+    selected = f"SELECT * FROM unnest({', '.join(casts)}) AS u({', '.join(names)})"
+    return parameters, selected
+
+
+def _array_type(kind: Any) -> str:
+    """The SQL array type of a column's values (the types projection tables use)."""
+    base = kind.impl if isinstance(kind, TypeDecorator) else kind
+    if isinstance(base, Integer):
+        return "bigint[]"
+    if isinstance(base, String):
+        return "text[]"
+    raise TypeError(f"no array type for {kind!r}")
+
+
+_DIALECT = postgresql.asyncpg.dialect()
+
+
 def _function_not_offered(exc: BaseException | None) -> bool:
     """Whether `exc` (a driver error, also wrapped in artstore's) says that the function of
     migration 0010 is missing (a schema before 0010) or may not be run (set_config
@@ -678,9 +802,12 @@ class PostgresWriter(Writer):
             self._connection = await self.database.open_connection(self.database.writer_engine)
         return self._connection
 
+    # New blobs and projection rows go into the statement (`_insert_statement`).
+    projects_in_statement = True
+
     async def commit(self, batch: WriteBatch) -> None:
         if batch.rows is not None and batch.inserted is not None and self.side_by_side_appends:
-            batch.inserted(await self._insert_and_commit(batch.rows))
+            batch.inserted(await self._insert_and_commit(batch))
         else:
             await self.transaction(batch.write)
 
@@ -698,17 +825,19 @@ class PostgresWriter(Writer):
                 self.side_by_side_appends = False  # the lock alone, from now on
             raise
 
-    async def _insert_and_commit(self, rows: list[dict[str, Any]]) -> list[int]:
-        """The rows in one statement that commits by itself, through the function of
-        migration 0010 (it shares the append lock); their positions, in the rows' order."""
+    async def _insert_and_commit(self, batch: WriteBatch) -> list[int]:
+        """The batch's rows in one statement that commits by itself, through the function
+        of migration 0010 (it shares the append lock), with its new blobs and projection
+        rows; their positions, in the rows' order."""
         connection = await self._writer_connection()
-        parameters = _insert_parameters(rows)
+        rows = batch.rows or []
+        statement, parameters = _insert_statement(rows, batch.blobs, batch.projected)
         # Autocommit for this statement alone (no BEGIN, no COMMIT of the client's):
         # switching costs no round trip, and the connection is back to its transactions
         # afterwards whatever happened.
         await connection.execution_options(isolation_level="AUTOCOMMIT")
         try:
-            result = await connection.execute(_INSERT_SIDE_BY_SIDE, parameters)
+            result = await connection.execute(statement, parameters)
             found = {row.inserted_event_id: row.inserted_position for row in result}
             await connection.commit()  # SQLAlchemy's own bookkeeping: the server committed
         except DBAPIError as exc:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Table, select
 from sqlalchemy.engine import Connection
 
 from artstore.errors import InvalidEventError, WrongExpectedVersionError
@@ -64,6 +64,28 @@ Projector = Callable[[Connection, list[RecordedEvent], Mapping[str, str]], None]
 # Whether a batch's event rows (before their INSERT) may be projected side by side with
 # other appends: their projections need no order across appends.
 SideBySide = Callable[[Connection, list[dict[str, Any]]], bool]
+
+
+@dataclass(frozen=True)
+class StatementRows:
+    """Projection rows that the statement inserting their events writes (PostgreSQL), so
+    that an append with them is one statement that commits by itself.
+
+    Each row holds its columns but `position`, and `event_id`: the event whose position
+    the statement gives it. On a key already stored, `replace` keeps the newer position
+    (an upsert), else the row stored. Only for rows that need no order across appends:
+    such a statement shares the append lock (artstore.projections.side_by_side)."""
+
+    table: Table
+    keys: tuple[str, ...]
+    replace: bool
+    rows: list[dict[str, Any]]
+
+
+# `in_statement(rows)`: the projection of these event rows (those of an append's batch
+# that the projector projects, before their INSERT) as `StatementRows`, or None where any
+# of them needs the projector.
+InStatement = Callable[[list[dict[str, Any]]], list[StatementRows] | None]
 # Called inside the appending transaction before an append's events are written; raising
 # refuses that append alone (nothing of it is written). Workers check their lease this way.
 Condition = Callable[[Connection], None]

@@ -57,6 +57,7 @@ from artstore.eventstore.records import (
     ANY,
     AppendResult,
     Condition,
+    InStatement,
     PendingAppend,
     Projector,
     SideBySide,
@@ -113,6 +114,7 @@ class EventStore(EventReader):
         projector: Projector | None = None,
         projected_types: Collection[str] | None = None,
         side_by_side: SideBySide | None = None,
+        in_statement: InStatement | None = None,
     ) -> None:
         super().__init__(database)
         # The last guard of invariant 7: every payload is checked for the credentials the
@@ -126,6 +128,8 @@ class EventStore(EventReader):
             projected_types=projected_types,
             side_by_side=side_by_side,
             side_by_side_offered=self._writer is not None and self._writer.side_by_side_appends,
+            in_statement=in_statement,
+            in_statement_offered=self._writer is not None and self._writer.projects_in_statement,
         )
         self._queue: asyncio.Queue[Append] | None = None
         self._writer_task: asyncio.Task[None] | None = None
@@ -373,9 +377,12 @@ class EventStore(EventReader):
             write.single_statement = True
             hand_back(batch, rows or [], positions, to_project=False)
 
-        rows = self.sql.rows_alone(batch)
+        alone = self.sql.rows_alone(batch)
+        rows = alone.rows if alone is not None else None
         events = sum(len(item.rows) for item in batch)
         write = _BatchWrite(write_together, events, rows, inserted if rows is not None else None)
+        if alone is not None:
+            write.blobs, write.projected = alone.blobs, alone.projected
         return write
 
     def _committed(self, batch: list[Append], write: _BatchWrite | None) -> None:

@@ -32,7 +32,7 @@ import base64
 import hashlib
 import json
 import zlib
-from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from langchain_core.runnables import RunnableConfig
@@ -56,8 +56,7 @@ from artstore.capture.rollout import current_rollout
 from artstore.errors import ConfigurationError, InvalidArgumentError
 from artstore.events import LangGraphCheckpoint, LangGraphThreadDeleted, LangGraphWrites
 from artstore.eventstore.blobs import blob_hash, blob_json, load_payload, read_blob_texts
-from artstore.names import unstorable_character
-from artstore.projections.checkpoints import version_key
+from artstore.projections.checkpoints import thread_stream, version_key
 from artstore.redaction import known_secrets
 from artstore.schema import tables as t
 
@@ -75,6 +74,14 @@ CHUNK_ITEMS = 16
 # A serialized value this large or larger is kept zlib-compressed where that saves at
 # least a tenth: conversations compress to a third, and base64 adds a third back.
 COMPRESS_FROM_BYTES = 512
+# How many compressed values a saver remembers by the SHA-256 of their serialized bytes:
+# a conversation's full chunks are serialized again at every step (LangGraph hands over
+# the whole list), and compressing them again cost as much as serializing them.
+COMPRESSED_KEPT = 4096
+# How many characters of blob texts a saver keeps for its reads: blobs are content-
+# addressed (the text is what its hash names, forever), so a chunk written or read once
+# is not read from the database again.
+BLOB_TEXT_CHARS_KEPT = 32 * 2**20
 
 _CHECKPOINTS = t.langgraph_checkpoints
 _VALUES = t.langgraph_channel_values
@@ -101,6 +108,8 @@ class EventLogSaver(BaseCheckpointSaver[str]):
             )
         super().__init__(serde=serde or JsonPlusSerializer())
         self.store = store
+        self._compressed = _Kept(COMPRESSED_KEPT)  # typed forms by their bytes' SHA-256
+        self._blob_texts = _BlobTexts(BLOB_TEXT_CHARS_KEPT)
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -136,7 +145,8 @@ class EventLogSaver(BaseCheckpointSaver[str]):
             },
             rollout_id=_current_rollout_id(),
         )
-        await self.store.append(_stream(thread_id), [event], blobs=blobs)
+        await self.store.append(thread_stream(thread_id), [event], blobs=blobs)
+        self._blob_texts.add(blobs)
         return {
             "configurable": {
                 "thread_id": thread_id,
@@ -170,12 +180,15 @@ class EventLogSaver(BaseCheckpointSaver[str]):
             ],
             rollout_id=_current_rollout_id(),
         )
-        await self.store.append(_stream(thread_id), [event], blobs=blobs)
+        await self.store.append(thread_stream(thread_id), [event], blobs=blobs)
+        self._blob_texts.add(blobs)
 
     async def adelete_thread(self, thread_id: str) -> None:
         self._remember_loop()
         thread_id = str(thread_id)
-        await self.store.append(_stream(thread_id), [LangGraphThreadDeleted(thread_id=thread_id)])
+        await self.store.append(
+            thread_stream(thread_id), [LangGraphThreadDeleted(thread_id=thread_id)]
+        )
 
     # --- reading ------------------------------------------------------------------------
 
@@ -191,10 +204,13 @@ class EventLogSaver(BaseCheckpointSaver[str]):
         statement = _ONE_BY_ID if checkpoint_id else _LATEST
 
         def read(c: Connection) -> _Row | None:
-            return _read_one(c, statement, parameters, self._load_document)
+            return _read_one(c, statement, parameters, self._load_document, self._blob_texts)
 
-        row = await self.store.database.run_read(read)
-        return None if row is None else self._tuple(row)
+        row = await self.store.database.run_lookup(read)  # blobs and events never change
+        if row is None:
+            return None
+        self._blob_texts.add(row.blobs)
+        return self._tuple(row)
 
     async def alist(
         self,
@@ -287,11 +303,14 @@ class EventLogSaver(BaseCheckpointSaver[str]):
         if kind == "pickle":
             raise InvalidArgumentError("serde", "wrote pickle; artstore never stores pickle")
         data = _masked(data)
-        if len(data) >= COMPRESS_FROM_BYTES:
-            compressed = zlib.compress(data, 1)
-            if len(compressed) <= len(data) * 0.9:
-                return [kind, base64.b64encode(compressed).decode("ascii"), "zlib"]
-        return [kind, base64.b64encode(data).decode("ascii")]
+        if len(data) < COMPRESS_FROM_BYTES:
+            return [kind, base64.b64encode(data).decode("ascii")]
+        key = (kind, hashlib.sha256(data).digest())
+        typed = self._compressed.get(key)
+        if typed is None:
+            typed = _compressed_typed(kind, data)
+            self._compressed.remember(key, typed)
+        return list(typed)
 
     def _value(self, value: Any, blobs: dict[str, str]) -> Any:
         """How a value is stored: `[type, base64(, "zlib")]` in the event, `{"blob": hash}`,
@@ -339,9 +358,12 @@ class EventLogSaver(BaseCheckpointSaver[str]):
     async def _read(
         self, query: Any, metadata_filter: dict[str, Any] | None, limit: int | None
     ) -> list[CheckpointTuple]:
+        kept = self._blob_texts
         rows = await self.store.database.run_read(
-            lambda c: _read_rows(c, query, metadata_filter, limit, self._load_document)
+            lambda c: _read_rows(c, query, metadata_filter, limit, self._load_document, kept)
         )
+        if rows:
+            kept.add(rows[0].blobs)  # one dict, shared by the rows
         return [self._tuple(row) for row in rows]
 
     def _tuple(self, row: _Row) -> CheckpointTuple:
@@ -425,7 +447,11 @@ _ONE_BY_ID = _checkpoint_with_writes(by_id=True)
 
 
 def _read_one(
-    c: Connection, statement: Any, parameters: dict[str, str], load_document: Any
+    c: Connection,
+    statement: Any,
+    parameters: dict[str, str],
+    load_document: Any,
+    kept: _BlobTexts,
 ) -> _Row | None:
     """The checkpoint `statement` selects, with its values, writes and blobs; None if none."""
     found = c.execute(statement, parameters).all()
@@ -440,7 +466,7 @@ def _read_one(
     row.writes = _ordered_writes([(task, idx, d) for task, idx, d in found if idx is not None])
     hashes = list(_blob_refs(row))
     if hashes:
-        row.blobs = read_blob_texts(c, hashes)
+        row.blobs = _blob_texts(c, hashes, kept)
     return row
 
 
@@ -450,6 +476,7 @@ def _read_rows(
     metadata_filter: dict[str, Any] | None,
     limit: int | None,
     load_document: Any,
+    kept: _BlobTexts,
 ) -> list[_Row]:
     """The checkpoints `query` selects, newest first, those whose metadata holds every
     item of `metadata_filter`, at most `limit`, with their values, writes and blobs."""
@@ -473,7 +500,7 @@ def _read_rows(
         _read_writes(c, row)
     hashes = [h for row in rows for h in _blob_refs(row)]
     if hashes:
-        texts = read_blob_texts(c, hashes)
+        texts = _blob_texts(c, hashes, kept)
         for row in rows:
             row.blobs = texts
     return rows
@@ -555,19 +582,63 @@ def _payload(data: Any) -> dict[str, Any]:
     return data if isinstance(data, dict) else load_payload(data)
 
 
-def _stream(thread_id: str) -> str:
-    """The thread's stream: `langgraph-<thread id>`, or for an id a stream id cannot hold
-    (over 200 characters, NUL, a lone surrogate) `langgraph-sha256-<its hash>`; the events
-    name the thread itself either way."""
-    if len(thread_id) <= 200 and unstorable_character(thread_id) is None:
-        return f"langgraph-{thread_id}"
-    digest = hashlib.sha256(thread_id.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"langgraph-sha256-{digest}"
-
-
 def _current_rollout_id() -> str | None:
     rollout = current_rollout()
     return rollout.id if rollout is not None and not rollout.closed else None
+
+
+def _compressed_typed(kind: str, data: bytes) -> tuple[str, ...]:
+    """`[type, base64(zlib)]` where compressing saves a tenth, else `[type, base64]`."""
+    compressed = zlib.compress(data, 1)
+    if len(compressed) <= len(data) * 0.9:
+        return (kind, base64.b64encode(compressed).decode("ascii"), "zlib")
+    return (kind, base64.b64encode(data).decode("ascii"))
+
+
+class _Kept(dict):
+    """The newest `size` entries remembered (the oldest go first)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def remember(self, key: Any, value: Any) -> None:
+        self[key] = value
+        while len(self) > self.size:
+            del self[next(iter(self))]
+
+
+class _BlobTexts(dict):
+    """Blob texts by hash, the newest up to `chars` characters. Looked up from the thread
+    a read runs on (SQLite's), filled on the event loop: single dict operations, each
+    atomic in CPython, never an iteration there."""
+
+    def __init__(self, chars: int) -> None:
+        super().__init__()
+        self.chars, self.held = chars, 0
+
+    def add(self, texts: dict[str, str]) -> None:
+        for digest, text in texts.items():
+            if digest not in self and len(text) <= self.chars:
+                self[digest] = text
+                self.held += len(text)
+        while self.held > self.chars:
+            self.held -= len(self.pop(next(iter(self))))
+
+
+def _blob_texts(c: Connection, hashes: Iterable[str], kept: _BlobTexts) -> dict[str, str]:
+    """The texts of the blobs `hashes` name: those kept from memory, the rest read."""
+    texts: dict[str, str] = {}
+    missing = []
+    for digest in hashes:
+        text = kept.get(digest)
+        if text is None:
+            missing.append(digest)
+        else:
+            texts[digest] = text
+    if missing:
+        texts.update(read_blob_texts(c, missing))
+    return texts
 
 
 def _masked(data: bytes) -> bytes:

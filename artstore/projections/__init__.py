@@ -2,10 +2,12 @@
 
 `project` runs inside the transaction that appends the events, so the tables are always
 exactly as current as the event log; `rebuild` recomputes them from the log alone.
-`SideBySide` says which appends' projections need no order across appends.
+`SideBySide` says which appends' projections need no order across appends;
+`in_statement` which the statement inserting their events may write (PostgreSQL).
 """
 
+from artstore.projections.checkpoints import in_statement
 from artstore.projections.handlers import project, projected_types, rebuild
 from artstore.projections.side_by_side import SideBySide
 
-__all__ = ["SideBySide", "project", "projected_types", "rebuild"]
+__all__ = ["SideBySide", "in_statement", "project", "projected_types", "rebuild"]

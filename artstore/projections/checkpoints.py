@@ -7,16 +7,23 @@ each value once. `langgraph.thread_deleted` removes the thread's rows; the event
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import delete
 from sqlalchemy.engine import Connection
 
-from artstore.events import LangGraphCheckpoint, LangGraphThreadDeleted, LangGraphWrites
-from artstore.eventstore.blobs import canonical_json
+from artstore.events import (
+    LangGraphCheckpoint,
+    LangGraphThreadDeleted,
+    LangGraphWrites,
+    decode_event,
+)
+from artstore.eventstore.blobs import canonical_json, load_payload
 from artstore.eventstore.database import recorder_of
-from artstore.eventstore.records import RecordedEvent
+from artstore.eventstore.records import RecordedEvent, StatementRows
+from artstore.names import unstorable_character
 from artstore.schema import tables as t
 
 CHECKPOINT_HANDLERS: dict[str, Callable[[Connection, Any, RecordedEvent], None]] = {}
@@ -37,31 +44,25 @@ def _upsert(connection: Connection, table: Any, keys: list[str], rows: list[dict
     )
 
 
-def _checkpoint(c: Connection, e: LangGraphCheckpoint, r: RecordedEvent) -> None:
+def _checkpoint_rows(e: LangGraphCheckpoint) -> tuple[list[dict], list[dict]]:
+    """The rows of a checkpoint (one) and of the channel values it wrote, without position."""
     thread = {"thread_id": e.thread_id, "checkpoint_ns": e.checkpoint_ns}
-    _upsert(
-        c,
-        t.langgraph_checkpoints,
-        ["thread_id", "checkpoint_ns", "checkpoint_id"],
-        [
-            {
-                **thread,
-                "checkpoint_id": e.checkpoint_id,
-                "parent_checkpoint_id": e.parent_checkpoint_id,
-                "position": r.position,
-            }
-        ],
-    )
-    if e.versions:
-        rows = [
-            {**thread, "channel": channel, "version": version_key(v), "position": r.position}
-            for channel, v in e.versions.items()
-        ]
-        keys = ["thread_id", "checkpoint_ns", "channel", "version"]
-        _upsert(c, t.langgraph_channel_values, keys, rows)
+    checkpoint = {
+        **thread,
+        "checkpoint_id": e.checkpoint_id,
+        "parent_checkpoint_id": e.parent_checkpoint_id,
+    }
+    values = [
+        {**thread, "channel": channel, "version": version_key(v)}
+        for channel, v in e.versions.items()
+    ]
+    return [checkpoint], values
 
 
-def _writes(c: Connection, e: LangGraphWrites, r: RecordedEvent) -> None:
+def _writes_rows(e: LangGraphWrites) -> tuple[list[dict], list[dict]]:
+    """The rows of the writes: a regular one (index >= 0) is stored once per (task,
+    index), the first one staying, as in LangGraph's own savers; a special one (error,
+    interrupt: negative) is replaced."""
     rows = [
         {
             "thread_id": e.thread_id,
@@ -69,20 +70,92 @@ def _writes(c: Connection, e: LangGraphWrites, r: RecordedEvent) -> None:
             "checkpoint_id": e.checkpoint_id,
             "task_id": e.task_id,
             "idx": write[0],
-            "position": r.position,
         }
         for write in e.writes
     ]
-    keys = ["thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx"]
-    # A regular write is stored once per (task, index): the first one stays, as in
-    # LangGraph's own savers; a special one (error, interrupt: negative) is replaced.
-    kept = [row for row in rows if row["idx"] >= 0]
-    replaced = [row for row in rows if row["idx"] < 0]
+    return [row for row in rows if row["idx"] >= 0], [row for row in rows if row["idx"] < 0]
+
+
+def _checkpoint(c: Connection, e: LangGraphCheckpoint, r: RecordedEvent) -> None:
+    checkpoint, values = _checkpoint_rows(e)
+    _upsert(c, t.langgraph_checkpoints, _CHECKPOINT_KEYS, _at(checkpoint, r.position))
+    if values:
+        _upsert(c, t.langgraph_channel_values, _VALUE_KEYS, _at(values, r.position))
+
+
+def _writes(c: Connection, e: LangGraphWrites, r: RecordedEvent) -> None:
+    kept, replaced = _writes_rows(e)
     if kept:
         statement = recorder_of(c).insert(t.langgraph_writes)
-        c.execute(statement.on_conflict_do_nothing(index_elements=keys), kept)
+        c.execute(
+            statement.on_conflict_do_nothing(index_elements=_WRITE_KEYS), _at(kept, r.position)
+        )
     if replaced:
-        _upsert(c, t.langgraph_writes, keys, replaced)
+        _upsert(c, t.langgraph_writes, _WRITE_KEYS, _at(replaced, r.position))
+
+
+def _at(rows: list[dict], position: int) -> list[dict]:
+    return [{**row, "position": position} for row in rows]
+
+
+_CHECKPOINT_KEYS = ["thread_id", "checkpoint_ns", "checkpoint_id"]
+_VALUE_KEYS = ["thread_id", "checkpoint_ns", "channel", "version"]
+_WRITE_KEYS = ["thread_id", "checkpoint_ns", "checkpoint_id", "task_id", "idx"]
+
+
+def thread_stream(thread_id: str) -> str:
+    """The stream of a LangGraph thread: `langgraph-<thread id>`, or for an id a stream id
+    cannot hold (over 200 characters, NUL, a lone surrogate) `langgraph-sha256-<its
+    hash>`; the events name the thread itself either way."""
+    if len(thread_id) <= 200 and unstorable_character(thread_id) is None:
+        return f"langgraph-{thread_id}"
+    digest = hashlib.sha256(thread_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"langgraph-sha256-{digest}"
+
+
+def in_statement(rows: list[dict[str, Any]]) -> list[StatementRows] | None:
+    """The projection of a batch's projected rows when they are checkpoints and writes,
+    as rows the statement that inserts the events writes (`StatementRows`); None where an
+    event of another type is among them, or one outside its thread's stream.
+
+    They need no order across appends: every row is keyed by its thread, and a thread's
+    events are in one stream, whose (stream, version) key makes two appends to it wait
+    for each other; appends to two threads touch no row in common. An event in another
+    stream (appended by hand) could race its thread's own: it takes the projector."""
+    found: dict[tuple[str, bool], list[dict]] = {}
+    for row in rows:
+        kind = row["type"]
+        if kind not in _IN_STATEMENT_TYPES:
+            return None  # a thread deleted (its rows go), or any other projected type
+        e = decode_event(kind, load_payload(row["data"]), row["event_id"])
+        if row["stream_id"] != thread_stream(e.thread_id):  # type: ignore[attr-defined]
+            return None
+        if isinstance(e, LangGraphCheckpoint):
+            checkpoint, values = _checkpoint_rows(e)
+            parts = [
+                ("langgraph_checkpoints", True, checkpoint),
+                ("langgraph_channel_values", True, values),
+            ]
+        else:
+            kept, replaced = _writes_rows(e)  # type: ignore[arg-type]
+            parts = [("langgraph_writes", False, kept), ("langgraph_writes", True, replaced)]
+        for table, replace, part in parts:
+            found.setdefault((table, replace), []).extend(
+                {**r, "event_id": row["event_id"]} for r in part
+            )
+    return [
+        StatementRows(t.metadata.tables[table], _KEYS[table], replace, part)
+        for (table, replace), part in found.items()
+        if part
+    ]
+
+
+_IN_STATEMENT_TYPES = frozenset([LangGraphCheckpoint.type, LangGraphWrites.type])
+_KEYS = {
+    "langgraph_checkpoints": tuple(_CHECKPOINT_KEYS),
+    "langgraph_channel_values": tuple(_VALUE_KEYS),
+    "langgraph_writes": tuple(_WRITE_KEYS),
+}
 
 
 def _thread_deleted(c: Connection, e: LangGraphThreadDeleted, r: RecordedEvent) -> None:

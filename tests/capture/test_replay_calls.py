@@ -112,6 +112,7 @@ async def test_first_request_that_differs_goes_live_and_is_recorded(store: Any) 
     assert len(diverged) == 1
     assert diverged[0].index == 3 and diverged[0].recorded_call_id == earlier_calls[3].call_id
     assert diverged[0].fingerprint != diverged[0].recorded_fingerprint
+    assert diverged[0].differs == ["messages"]  # names the field, holds none of its value
     replayed = [e.replayed_from for e in events if e.type == "llm.call"]
     assert replayed == [c.call_id for c in earlier_calls[:3]] + [None] * (CALLS - 3)
     assert "changed" in resumed.result

@@ -1,4 +1,5 @@
-"""Reading never writes: `runs`, `show`, `sql` and `export` open a store read-only.
+"""Reading never writes: `runs`, `show`, `group`, `trajectory`, `sql`, `export` (JSONL,
+OTLP, ATIF), `replay --dry-run` and `dataset list` open a store read-only.
 
 They create no file, no folder and no table, give one clear line for a missing or foreign
 database, work on read-only media, and never wait for a writer. Only the commands that
@@ -37,8 +38,14 @@ from artstore.events import RunFinished
 READ_COMMANDS = [
     ["runs"],
     ["show", RUN],
+    ["group", "g0"],
+    ["trajectory", "r0a"],
     ["sql", "SELECT count(*) FROM v_runs"],
     ["export", RUN, "-"],
+    ["export", RUN, "-", "--format", "otlp"],
+    ["export", RUN, "-", "--format", "atif"],
+    ["replay", RUN, "--dry-run"],
+    ["dataset", "list"],
 ]
 
 
@@ -59,7 +66,7 @@ def snapshot(folder: Path) -> dict[str, str]:
     }
 
 
-@pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda c: "-".join(c[:1] + c[3:]))
 def test_a_missing_database_is_one_line_and_nothing_is_created(tmp_path, command):
     path = tmp_path / "no" / "such" / "artstore.db"
     result = invoke(*command, "--url", str(path))
@@ -68,7 +75,7 @@ def test_a_missing_database_is_one_line_and_nothing_is_created(tmp_path, command
     assert not (tmp_path / "no").exists()
 
 
-@pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("command", READ_COMMANDS, ids=lambda c: "-".join(c[:1] + c[3:]))
 def test_another_applications_sqlite_file_is_left_alone(tmp_path, command):
     path = tmp_path / "app.db"
     with sqlite3.connect(path) as connection:
@@ -118,7 +125,7 @@ async def test_a_read_only_store_reads_and_refuses_to_record(database_url):
 
 
 def test_read_commands_work_on_read_only_media(monkeypatch):
-    """A store on media nobody may write: runs, show, sql and export work, change nothing."""
+    """A store on media nobody may write: every read command works and changes nothing."""
     folder = Path(tempfile.mkdtemp(prefix="artstore-readonly-"))
     path = folder / "artstore.db"
 

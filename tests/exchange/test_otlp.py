@@ -15,16 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import ClassVar
 
 from openai.types.chat.chat_completion import Choice
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
+from otlp_receiver import receiver
 from sqlalchemy import select
 from test_export_import import (
     RUN,
@@ -80,25 +74,6 @@ def plain(messages: list) -> list[tuple]:
     ]
 
 
-class Receiver(BaseHTTPRequestHandler):
-    received: ClassVar[list[ExportTraceServiceRequest]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        request = ExportTraceServiceRequest()
-        request.ParseFromString(body)
-        Receiver.received.append(request)
-        answer = ExportTraceServiceResponse().SerializeToString()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 def test_otlp_export_is_genai_traces_sent_alike_and_imports_back(
     database_url: str,
     other_database_url: str,
@@ -148,22 +123,10 @@ def test_otlp_export_is_genai_traces_sent_alike_and_imports_back(
         "found it",
     )
 
-    Receiver.received.clear()  # a worker runs the test on both databases
-    server = HTTPServer(("127.0.0.1", 0), Receiver)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        endpoint = f"http://127.0.0.1:{server.server_port}/v1/traces"
+    with receiver() as (endpoint, received):
         result = cli("export", RUN, "--otlp-endpoint", endpoint, "--url", database_url)
         assert result.exit_code == 0, result.output
-    finally:
-        server.shutdown()
-    sent = [
-        (span.trace_id.hex(), span.span_id.hex(), span.name)
-        for request in Receiver.received
-        for resource in request.resource_spans
-        for scope in resource.scope_spans
-        for span in scope.spans
-    ]
+    sent = [(trace, span, name) for trace, span, name, _ in received.spans]
     assert sent == [(s["traceId"], s["spanId"], s["name"]) for s in spans]
 
     result = cli("import", str(out), "--format", "otlp", "--url", other_database_url)

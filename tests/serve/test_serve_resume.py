@@ -73,6 +73,7 @@ async def test_a_request_that_differs_goes_to_the_upstream_and_is_recorded(
     assert copies == []
     diverged = await served.store.read_all(types=["llm.replay_diverged"])
     assert [e.data["rollout_id"] for e in diverged] == [again["rollout_id"]]
+    assert diverged[0].data["differs"] == ["messages"]
 
 
 async def test_resuming_a_finished_or_unknown_rollout_is_refused(served: Served) -> None:
