@@ -184,7 +184,13 @@ def export(
                 summary = await export_atif(store, run_name, out, force=force, progress=_progress)
             else:
                 summary = await export_parquet(
-                    store, run_name, out, scorer=scorer, model=model, force=force
+                    store,
+                    run_name,
+                    out,
+                    scorer=scorer,
+                    model=model,
+                    force=force,
+                    progress=_progress,
                 )
         _say_exported(summary, run_name, out, chosen, scorer)
 
@@ -224,8 +230,8 @@ def _check_follow(
 
 
 def _progress(done: int, total: int) -> None:
-    """A line on stderr per chunk of rollouts written (the export may be on stdout); a run
-    of one chunk gets only the closing line."""
+    """A line on stderr per chunk of rollouts (parquet: per file) written (the export may
+    be on stdout); a run of one chunk gets only the closing line."""
     from artstore.exchange.source import CHUNK_ROLLOUTS
 
     if done < total or total > CHUNK_ROLLOUTS:

@@ -53,7 +53,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -127,12 +127,14 @@ async def export_parquet(
     scorer: str | None = None,
     model: str | None = None,
     force: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ExportSummary:
     """Write `run` as ART trajectory parquet files under `out` (see the module's docstring).
 
     `model` ("project/name") chooses whose train steps number the files (the run's own
     trained model by default, e.g. another model that replayed the run). Existing files are
-    refused unless `force`.
+    refused unless `force`. A file's trajectories are read, written and let go before the
+    next file's: `progress(done, total)` is called after each file.
     """
     out = Path(out)
     if (out.exists() or out.is_symlink()) and not out.is_dir():  # (a link to a folder is one)
@@ -175,8 +177,26 @@ async def export_parquet(
         for g, ids in entries
         if any(rid not in scored for rid in ids)
     }
+    kept = {key: [(g, ids) for g, ids in files[key] if g.group_id not in unscored] for key in files}
+    await _write_files(store, run, kept, targets, scorer, summary, progress)
+    summary.groups = len({g.group_id for e in files.values() for g, _ in e} - unscored)
+    summary.unscored_groups = len(unscored)
+    return summary
+
+
+async def _write_files(
+    store: Store,
+    run: str,
+    files: dict[tuple[str, int], list[tuple[GroupOutline, list[str]]]],
+    targets: dict[tuple[str, int], Path],
+    scorer: str,
+    summary: ExportSummary,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Each file in turn: its trajectories read, written and let go before the next's."""
+    total = sum(len(ids) for entries in files.values() for _, ids in entries)
     for key in sorted(files):
-        entries = [(g, ids) for g, ids in files[key] if g.group_id not in unscored]
+        entries = files[key]
         if not entries:
             continue
         trajectories = await store.trajectories(
@@ -186,9 +206,8 @@ async def export_parquet(
         _write_groups(groups, targets[key])
         summary.files.append(str(targets[key]))
         summary.trajectories += sum(len(ids) for _, ids in entries)
-    summary.groups = len({g.group_id for e in files.values() for g, _ in e} - unscored)
-    summary.unscored_groups = len(unscored)
-    return summary
+        if progress is not None:
+            progress(summary.trajectories, total)
 
 
 def _art_group(run: str, group: GroupOutline, trajectories: list) -> art.TrajectoryGroup:

@@ -209,8 +209,10 @@ def _calls(events: list[Any]) -> list[LLMCall]:
     return sorted((c for c in calls if c.call_id not in superseded), key=lambda c: c.index)
 
 
-def chunks(groups: list[GroupOutline], size: int = CHUNK_ROLLOUTS) -> list[list[GroupOutline]]:
-    """Consecutive groups holding about `size` rollouts together (a group is never split)."""
+def chunks(groups: list[GroupOutline], size: int | None = None) -> list[list[GroupOutline]]:
+    """Consecutive groups holding about `size` rollouts together (a group is never split);
+    CHUNK_ROLLOUTS, read when called, by default (a test of memory shrinks it)."""
+    size = size or CHUNK_ROLLOUTS
     found: list[list[GroupOutline]] = [[]]
     count = 0
     for group in groups:
