@@ -4,11 +4,11 @@ put_writes, get_tuple, list, delete_thread) passes, none is skipped."""
 
 from __future__ import annotations
 
+from checkpoint_tables import checkpoint_tables
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.report import ProgressCallbacks
 
 from artstore.langgraph import checkpointer
-from artstore.schema import tables as t
 
 BASE = {"put", "put_writes", "get_tuple", "list", "delete_thread"}
 
@@ -33,20 +33,7 @@ async def test_what_the_suite_wrote_equals_a_rebuild_of_the_projections(store):
 
     await validate(artstore_saver, capabilities={"put_writes", "delete_thread"})
 
-    async def dump() -> dict[str, list]:
-        tables = (t.langgraph_checkpoints, t.langgraph_channel_values, t.langgraph_writes)
-        async with store.database.read() as connection:
-            return {
-                table.name: [
-                    tuple(row)
-                    for row in await connection.execute(
-                        table.select().order_by(*table.primary_key.columns)
-                    )
-                ]
-                for table in tables
-            }
-
-    before = await dump()
+    before = await checkpoint_tables(store)
     assert before["langgraph_writes"] and before["langgraph_checkpoints"]
     await store.rebuild_projections()
-    assert await dump() == before
+    assert await checkpoint_tables(store) == before

@@ -9,29 +9,15 @@ from __future__ import annotations
 import asyncio
 import importlib
 
+from checkpoint_tables import checkpoint_tables
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 
 from artstore.eventstore import blobs
 from artstore.langgraph import checkpointer
-from artstore.schema import tables as t
 
 # The module (the package's `checkpointer` is the function).
 saver_module = importlib.import_module("artstore.langgraph.checkpointer")
-
-
-async def dump(store) -> dict[str, list]:
-    tables = (t.langgraph_checkpoints, t.langgraph_channel_values, t.langgraph_writes)
-    async with store.database.read() as connection:
-        return {
-            table.name: [
-                tuple(row)
-                for row in await connection.execute(
-                    table.select().order_by(*table.primary_key.columns)
-                )
-            ]
-            for table in tables
-        }
 
 
 def conversation(length: int) -> list[HumanMessage]:
@@ -89,9 +75,9 @@ async def test_a_put_to_a_known_thread_is_one_statement_and_equals_a_rebuild(sto
     errors = await saver.aget_tuple(configs["b"])
     assert errors.pending_writes == [("task", "__error__", "again")]  # replaced
 
-    written = await dump(store)
+    written = await checkpoint_tables(store)
     await store.rebuild_projections()
-    assert await dump(store) == written
+    assert await checkpoint_tables(store) == written
 
 
 async def test_a_get_reads_no_blob_it_has_read_or_written(store, monkeypatch):
