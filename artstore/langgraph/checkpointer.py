@@ -33,7 +33,7 @@ import hashlib
 import json
 import zlib
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -56,6 +56,7 @@ from artstore.capture.rollout import current_rollout
 from artstore.errors import ConfigurationError, InvalidArgumentError
 from artstore.events import LangGraphCheckpoint, LangGraphThreadDeleted, LangGraphWrites
 from artstore.eventstore.blobs import blob_hash, blob_json, load_payload, read_blob_texts
+from artstore.langgraph.decoded import DecodedBlobs, Kept
 from artstore.projections.checkpoints import thread_stream, version_key
 from artstore.redaction import known_secrets
 from artstore.schema import tables as t
@@ -82,6 +83,10 @@ COMPRESSED_KEPT = 4096
 # addressed (the text is what its hash names, forever), so a chunk written or read once
 # is not read from the database again.
 BLOB_TEXT_CHARS_KEPT = 32 * 2**20
+# How many bytes of decoded blob values a saver keeps (`artstore.langgraph.decoded`): a
+# get hands out copies of them, where decoding them again cost most of its time. A chunk
+# of 16 messages of ~300 characters takes ~7 KB.
+DECODED_BYTES_KEPT = 16 * 2**20
 
 _CHECKPOINTS = t.langgraph_checkpoints
 _VALUES = t.langgraph_channel_values
@@ -110,6 +115,7 @@ class EventLogSaver(BaseCheckpointSaver[str]):
         self.store = store
         self._compressed = _Kept(COMPRESSED_KEPT)  # typed forms by their bytes' SHA-256
         self._blob_texts = _BlobTexts(BLOB_TEXT_CHARS_KEPT)
+        self._decoded = DecodedBlobs(DECODED_BYTES_KEPT)
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
@@ -204,7 +210,7 @@ class EventLogSaver(BaseCheckpointSaver[str]):
         statement = _ONE_BY_ID if checkpoint_id else _LATEST
 
         def read(c: Connection) -> _Row | None:
-            return _read_one(c, statement, parameters, self._load_document, self._blob_texts)
+            return _read_one(c, statement, parameters, self._load_document, self._known)
 
         row = await self.store.database.run_lookup(read)  # blobs and events never change
         if row is None:
@@ -358,17 +364,31 @@ class EventLogSaver(BaseCheckpointSaver[str]):
     async def _read(
         self, query: Any, metadata_filter: dict[str, Any] | None, limit: int | None
     ) -> list[CheckpointTuple]:
-        kept = self._blob_texts
+        known = self._known
         rows = await self.store.database.run_read(
-            lambda c: _read_rows(c, query, metadata_filter, limit, self._load_document, kept)
+            lambda c: _read_rows(c, query, metadata_filter, limit, self._load_document, known)
         )
         if rows:
-            kept.add(rows[0].blobs)  # one dict, shared by the rows
+            self._blob_texts.add(rows[0].blobs)  # one dict, shared by the rows
         return [self._tuple(row) for row in rows]
+
+    @property
+    def _known(self) -> _Known:
+        return _Known(self._blob_texts, self._decoded)
+
+    def _blob_value(self, row: _Row, digest: str) -> Any:
+        """A copy of the value the blob `digest` holds: of the one kept decoded, else of
+        its text decoded now (and kept)."""
+        kept = row.decoded.get(digest)
+        if kept is None:
+            text = row.blobs[digest]
+            kept = Kept(self._load(json.loads(text)), len(text))
+            self._decoded.add(digest, kept)
+        return kept.copy()
 
     def _tuple(self, row: _Row) -> CheckpointTuple:
         def typed(stored: Any) -> Any:  # a typed form, or the hash of a blob holding one
-            return self._load(json.loads(row.blobs[stored]) if isinstance(stored, str) else stored)
+            return self._blob_value(row, stored) if isinstance(stored, str) else self._load(stored)
 
         def value(stored: Any) -> Any:
             if isinstance(stored, dict) and "chunks" in stored:
@@ -403,7 +423,8 @@ class _Row:
         self.checkpoint: dict[str, Any] = {}
         self.values: dict[str, Any] = {}
         self.writes: list[tuple[str, str, Any]] = []
-        self.blobs: dict[str, str] = {}
+        self.blobs: dict[str, str] = {}  # texts by hash, of those not kept decoded
+        self.decoded: dict[str, Kept] = {}  # values kept decoded, by hash: never handed out
 
 
 def _select_checkpoints() -> Any:
@@ -451,7 +472,7 @@ def _read_one(
     statement: Any,
     parameters: dict[str, str],
     load_document: Any,
-    kept: _BlobTexts,
+    known: _Known,
 ) -> _Row | None:
     """The checkpoint `statement` selects, with its values, writes and blobs; None if none."""
     found = c.execute(statement, parameters).all()
@@ -466,7 +487,7 @@ def _read_one(
     row.writes = _ordered_writes([(task, idx, d) for task, idx, d in found if idx is not None])
     hashes = list(_blob_refs(row))
     if hashes:
-        row.blobs = _blob_texts(c, hashes, kept)
+        row.blobs, row.decoded = _blob_texts(c, hashes, known)
     return row
 
 
@@ -476,7 +497,7 @@ def _read_rows(
     metadata_filter: dict[str, Any] | None,
     limit: int | None,
     load_document: Any,
-    kept: _BlobTexts,
+    known: _Known,
 ) -> list[_Row]:
     """The checkpoints `query` selects, newest first, those whose metadata holds every
     item of `metadata_filter`, at most `limit`, with their values, writes and blobs."""
@@ -500,9 +521,9 @@ def _read_rows(
         _read_writes(c, row)
     hashes = [h for row in rows for h in _blob_refs(row)]
     if hashes:
-        texts = _blob_texts(c, hashes, kept)
+        texts, decoded = _blob_texts(c, hashes, known)
         for row in rows:
-            row.blobs = texts
+            row.blobs, row.decoded = texts, decoded
     return rows
 
 
@@ -626,19 +647,35 @@ class _BlobTexts(dict):
             self.held -= len(self.pop(next(iter(self))))
 
 
-def _blob_texts(c: Connection, hashes: Iterable[str], kept: _BlobTexts) -> dict[str, str]:
-    """The texts of the blobs `hashes` name: those kept from memory, the rest read."""
+class _Known(NamedTuple):
+    """What a saver keeps of the blobs it has written or read."""
+
+    texts: _BlobTexts
+    decoded: DecodedBlobs
+
+
+def _blob_texts(
+    c: Connection, hashes: Iterable[str], known: _Known
+) -> tuple[dict[str, str], dict[str, Kept]]:
+    """The values kept decoded of the blobs `hashes` name, taken here (the event loop may
+    drop them from the saver's memory before they are used), and the texts of the rest:
+    those kept, the others read."""
     texts: dict[str, str] = {}
+    decoded: dict[str, Kept] = {}
     missing = []
     for digest in hashes:
-        text = kept.get(digest)
+        kept = known.decoded.get(digest)
+        if kept is not None:
+            decoded[digest] = kept
+            continue
+        text = known.texts.get(digest)
         if text is None:
             missing.append(digest)
         else:
             texts[digest] = text
     if missing:
         texts.update(read_blob_texts(c, missing))
-    return texts
+    return texts, decoded
 
 
 def _masked(data: bytes) -> bytes:
