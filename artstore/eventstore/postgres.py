@@ -24,6 +24,7 @@ are translated for asyncpg; `options=-c name=value` also overrides artstore's de
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import shlex
@@ -267,6 +268,9 @@ class PostgresDatabase(Database):
         # session's reset takes away, but nothing else ever sees it.
         self.query_engine = query_engine
         self._has_watermark = False  # whether artstore_safe_position() exists (0010)
+        # One pooled connection kept for `run_lookup`, between lookups too (see there).
+        self._lookup_connection: AsyncConnection | None = None
+        self._lookup_lock = asyncio.Lock()
         self._reader_confined = False  # whether the reader role was found confined
 
     @classmethod
@@ -317,6 +321,7 @@ class PostgresDatabase(Database):
         return cls(url, engine, writer_engine, query_engine, read_only=read_only)
 
     async def dispose(self) -> None:
+        await self._drop_lookup_connection()
         await self.writer_engine.dispose()
         await self.query_engine.dispose()
         await super().dispose()
@@ -326,10 +331,41 @@ class PostgresDatabase(Database):
         return PostgresWriter(self)
 
     async def run_lookup(self, work: Callable[[Connection], T]) -> T:
+        # A one-statement lookup is one round trip: outside a transaction (no BEGIN, no
+        # ROLLBACK), on a connection kept between lookups, so the pool does not ping it
+        # first. A kept connection the server has dropped since fails its statement
+        # instead, and the lookup runs again as the pool hands connections out (pinged):
+        # a lookup only reads rows that never change, so running it twice is harmless.
+        # Lookups at once beyond the first take pooled connections as other reads do.
+        if not self._lookup_lock.locked():
+            async with self._lookup_lock:
+                try:
+                    connection = await self._kept_lookup_connection()
+                    return await connection.run_sync(work)
+                except DBAPIError as exc:
+                    await self._drop_lookup_connection()
+                    if not exc.connection_invalidated:
+                        raise
+                except BaseException:  # cancelled mid-statement: its state is unknown
+                    await self._drop_lookup_connection()
+                    raise
         async with self.read() as connection:
-            # No BEGIN, no ROLLBACK: two round trips of the three a one-statement read took.
             await connection.execution_options(isolation_level="AUTOCOMMIT")
             return await connection.run_sync(work)
+
+    async def _kept_lookup_connection(self) -> AsyncConnection:
+        if self._lookup_connection is None:
+            connection = await self.open_connection(self.read_engine)
+            await connection.execution_options(isolation_level="AUTOCOMMIT")
+            self._lookup_connection = connection
+        return self._lookup_connection
+
+    async def _drop_lookup_connection(self) -> None:
+        """Back to the pool, which resets it (or discards it, when it is broken)."""
+        connection, self._lookup_connection = self._lookup_connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close()
 
     async def safe_position(self, connection: AsyncConnection) -> int | None:
         if not self._has_watermark:

@@ -2,17 +2,21 @@
 `put_writes` to a thread this process wrote before is one statement that commits by itself
 (its new blobs and its projection rows in it), appends that commit together included, and
 the tables it leaves equal a rebuild of the projections from the log; a `get` of a chunk
-read or written before reads no blob again."""
+read or written before reads no blob again, and on PostgreSQL is one round trip, on a
+connection the pool does not ping first, even after the server dropped it."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
 
+import pytest
 from checkpoint_tables import checkpoint_tables
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
+from sqlalchemy import event, text
 
+import artstore
 from artstore.eventstore import blobs
 from artstore.langgraph import checkpointer
 
@@ -100,3 +104,40 @@ async def test_a_get_reads_no_blob_it_has_read_or_written(store, monkeypatch):
         found = await fresh.aget_tuple(config)
         assert found.checkpoint["channel_values"]["messages"] == messages
     assert len(read_blobs) == 1 and len(read_blobs[0]) == 3
+
+
+async def test_a_get_on_postgresql_is_one_round_trip_and_outlives_dropped_connections(
+    postgres_url,
+):
+    async with await artstore.open_store(postgres_url) as store:
+        saver = checkpointer(store)
+        config = await put(saver, "t", 1, conversation(40))
+        await saver.aget_tuple(config)  # its blobs read, a connection kept for lookups
+        engine = store.database.read_engine
+        sent: list[str] = []
+        pings = []
+        ping = engine.dialect.do_ping
+        event.listen(engine.sync_engine, "before_cursor_execute", lambda *a: sent.append(a[2]))
+        engine.dialect.do_ping = lambda connection: pings.append(1) or ping(connection)
+        for _ in range(3):
+            assert (await saver.aget_tuple(config)).checkpoint["id"] == config["configurable"][
+                "checkpoint_id"
+            ]
+        assert (len(sent), pings) == (3, [])
+
+        def backend(connection):
+            return connection.execute(text("SELECT pg_backend_pid()")).scalar()
+
+        kept = await store.database.run_lookup(backend)
+        async with store.database.read() as other:
+            await other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": kept})
+        found = await saver.aget_tuple(config)  # the kept connection fails; run again
+        assert found.checkpoint["channel_values"]["messages"] == conversation(40)
+        assert await store.database.run_lookup(backend) != kept
+
+        def failing(connection):
+            raise RuntimeError("not the database's")
+
+        with pytest.raises(RuntimeError):  # the kept connection dropped, the next one works
+            await store.database.run_lookup(failing)
+        assert (await saver.aget_tuple(config)) is not None
