@@ -102,6 +102,11 @@ def test_values_msgpack_would_not_give_back_as_they_are_are_copied_one_by_one():
         assert_a_new_decoding(kept.copy(), value, original)
     too_large = Kept([HumanMessage("x"), 2**70], 100)  # beyond msgpack's integers
     assert too_large.packed is None and too_large.copy() == too_large.value
+    plain = {"rows": [[1, "a", None, 2.5, True]], "by": {"x": b"raw"}}
+    kept = Kept(decoded(plain), 100)
+    assert kept.packed is not None
+    copies = [kept.copy(), kept.copy()]
+    assert copies[0] == decoded(plain) and copies[0]["rows"] is not copies[1]["rows"]
     not_a_list = {"messages": messages()}
     kept = Kept(decoded(not_a_list), 100)
     copy = kept.copy()
