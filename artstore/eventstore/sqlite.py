@@ -205,6 +205,8 @@ class SQLiteDatabase(Database):
         # thread of their own, one hop per read instead of four per statement.
         self._reader_engine: Engine | None = None
         self._readers: ThreadPoolExecutor | None = None
+        # One connection for lookups on the event loop's thread (`run_lookup`).
+        self._lookup_engine: Engine | None = None
 
     @classmethod
     def connect(cls, url: URL, *, read_only: bool = False) -> SQLiteDatabase:
@@ -292,7 +294,36 @@ class SQLiteDatabase(Database):
         except OperationalError as exc:
             raise translate_error(exc, self) from exc
 
+    async def run_lookup(self, work: Callable[[Connection], T]) -> T:
+        # A lookup (one indexed statement or two) costs less than the hop to a reader
+        # thread and back, so it runs on the event loop's thread when the file can be
+        # read at once, as a small write does: readers of a WAL file wait for no writer,
+        # and with no busy timeout a read that would wait (another process recovering
+        # the file) gives up at once and runs in a reader thread instead. A lookup only
+        # reads, so running it again there is harmless.
+        if not self.read_only:
+            engine = self._lookup_engine or self._open_lookup_engine()
+            try:
+                with engine.connect() as connection:
+                    return work(connection)
+            except OperationalError as exc:
+                if not is_busy(exc):
+                    raise translate_error(exc, self) from exc
+        return await self.run_read(work)
+
+    def _open_lookup_engine(self) -> Engine:
+        self._lookup_engine = create_engine(
+            self.url.set(drivername="sqlite+pysqlite"),
+            poolclass=StaticPool,  # one connection, used by the event loop's thread alone
+            json_serializer=serialize,
+            connect_args={"timeout": 0, "check_same_thread": False},
+        )
+        _configure(self._lookup_engine, begin="BEGIN", busy_timeout_s=0)
+        return self._lookup_engine
+
     async def dispose(self) -> None:
+        if self._lookup_engine is not None:
+            self._lookup_engine.dispose()
         if self._readers is not None:
             self._readers.shutdown(wait=True)
             self._readers = None
@@ -708,7 +739,12 @@ class _QueryGuard:
 
 
 def _configure(
-    engine: Engine, *, begin: str, read_only: bool = False, on_driver: bool = False
+    engine: Engine,
+    *,
+    begin: str,
+    read_only: bool = False,
+    on_driver: bool = False,
+    busy_timeout_s: float = SQLITE_BUSY_TIMEOUT_S,
 ) -> None:
     @event.listens_for(engine, "connect")
     def configure(dbapi_connection, _record) -> None:
@@ -725,7 +761,7 @@ def _configure(
         # NORMAL in WAL mode survives a process crash (SIGKILL); only power loss may
         # lose the last transactions.
         cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
         _ensure_sqrt(dbapi_connection, cursor)
         cursor.close()
 
