@@ -87,6 +87,10 @@ BLOB_TEXT_CHARS_KEPT = 32 * 2**20
 # get hands out copies of them, where decoding them again cost most of its time. A chunk
 # of 16 messages of ~300 characters takes ~7 KB.
 DECODED_BYTES_KEPT = 16 * 2**20
+# A value kept in its event (a conversation's last, partial chunk) is kept decoded too, by
+# its stored text, from this many characters: the latest checkpoint is read again and
+# again between two steps, and a smaller value decodes faster than it is looked up.
+DECODED_INLINE_FROM_CHARS = 512
 
 _CHECKPOINTS = t.langgraph_checkpoints
 _VALUES = t.langgraph_channel_values
@@ -386,9 +390,23 @@ class EventLogSaver(BaseCheckpointSaver[str]):
             self._decoded.add(digest, kept)
         return kept.copy()
 
+    def _inline_value(self, typed: list[str]) -> Any:
+        """The value of a typed form kept in an event: a copy of the one kept decoded, for
+        a large one."""
+        if len(typed[1]) < DECODED_INLINE_FROM_CHARS:
+            return self._load(typed)
+        key = tuple(typed)  # its kind, text and encoding: what the value is made of
+        kept = self._decoded.get(key)
+        if kept is None:
+            kept = Kept(self._load(typed), len(typed[1]))
+            self._decoded.add(key, kept)
+        return kept.copy()
+
     def _tuple(self, row: _Row) -> CheckpointTuple:
         def typed(stored: Any) -> Any:  # a typed form, or the hash of a blob holding one
-            return self._blob_value(row, stored) if isinstance(stored, str) else self._load(stored)
+            if isinstance(stored, str):
+                return self._blob_value(row, stored)
+            return self._inline_value(stored)
 
         def value(stored: Any) -> Any:
             if isinstance(stored, dict) and "chunks" in stored:

@@ -157,7 +157,8 @@ def _rebuilt(
 
 
 class DecodedBlobs(dict):
-    """Decoded blob values (`Kept`) by hash, the newest up to `size` bytes in all. Looked
+    """Decoded values (`Kept`) by blob hash (or by the typed form an event holds), the
+    newest up to `size` bytes in all. Looked
     up from the thread a read runs on, filled on the event loop: single dict operations,
     each atomic in CPython, never an iteration there."""
 
@@ -165,7 +166,7 @@ class DecodedBlobs(dict):
         super().__init__()
         self.size, self.held = size, 0
 
-    def add(self, digest: str, kept: Kept) -> None:
+    def add(self, digest: Any, kept: Kept) -> None:
         if digest in self or kept.size > self.size:
             return
         self[digest] = kept

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import uuid
 
+import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
@@ -124,16 +125,20 @@ def test_decoded_blobs_keep_the_newest_up_to_their_size():
     assert "as objects" not in kept  # counted at OBJECT_BYTES_PER_CHAR per character
 
 
-async def test_a_value_changed_in_place_after_a_get_is_read_back_as_stored(store):
+def long_text(n: int) -> str:
+    """Text that compresses little: a chunk of such messages is kept in a blob."""
+    return " ".join(str(n * k * 7919 % 100_003) for k in range(80))
+
+
+def short_text(n: int) -> str:
+    """Text that compresses well: a chunk of such messages is kept in the event."""
+    return f"step {n} " * 30
+
+
+@pytest.mark.parametrize(("text", "kept"), [(long_text, 3), (short_text, 2)])
+async def test_a_value_changed_in_place_after_a_get_is_read_back_as_stored(store, text, kept):
     saver = checkpointer(store)
-    conversation = [  # text that compresses little: its full chunks are blobs
-        AIMessage(
-            " ".join(str(n * k * 7919 % 100_003) for k in range(80)),
-            id=str(n),
-            additional_kwargs={"n": [n]},
-        )
-        for n in range(40)
-    ]
+    conversation = [AIMessage(text(n), id=str(n), additional_kwargs={"n": [n]}) for n in range(40)]
     config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
     checkpoint = {
         "v": 4,
@@ -152,4 +157,7 @@ async def test_a_value_changed_in_place_after_a_get_is_read_back_as_stored(store
         got[0].content = "changed"
         got[1].additional_kwargs["n"].append("changed")
         got.append(HumanMessage("changed"))
-    assert len(saver._decoded) == 3  # its chunks, kept: each a blob (8 messages too)
+    # Its chunks, kept: blobs (the last one of 8 messages too), or typed forms in the event
+    # (each over DECODED_INLINE_FROM_CHARS, the last one under it).
+    assert len(saver._decoded) == kept
+    assert all(isinstance(key, str) == (text is long_text) for key in saver._decoded)
