@@ -381,25 +381,33 @@ class EventLogSaver(BaseCheckpointSaver[str]):
         return _Known(self._blob_texts, self._decoded)
 
     def _blob_value(self, row: _Row, digest: str) -> Any:
-        """A copy of the value the blob `digest` holds: of the one kept decoded, else of
-        its text decoded now (and kept)."""
+        """The value the blob `digest` holds: a copy of the one kept decoded, else its text
+        decoded now."""
         kept = row.decoded.get(digest)
         if kept is None:
             text = row.blobs[digest]
-            kept = Kept(self._load(json.loads(text)), len(text))
-            self._decoded.add(digest, kept)
+            return self._decoded_now(digest, json.loads(text), len(text))
         return kept.copy()
 
     def _inline_value(self, typed: list[str]) -> Any:
-        """The value of a typed form kept in an event: a copy of the one kept decoded, for
-        a large one."""
+        """The value of a typed form kept in an event: for a large one, a copy of the one
+        kept decoded, else decoded now."""
         if len(typed[1]) < DECODED_INLINE_FROM_CHARS:
             return self._load(typed)
         key = tuple(typed)  # its kind, text and encoding: what the value is made of
         kept = self._decoded.get(key)
         if kept is None:
-            kept = Kept(self._load(typed), len(typed[1]))
-            self._decoded.add(key, kept)
+            return self._decoded_now(key, typed, len(typed[1]))
+        return kept.copy()
+
+    def _decoded_now(self, key: Any, typed: list[str], chars: int) -> Any:
+        """`typed` decoded, and kept (`DecodedBlobs`) if it was decoded before: the value
+        itself is handed out only when it is not kept, so nothing else ever holds it."""
+        value = self._load(typed)
+        if not self._decoded.decoded_before(key):
+            return value
+        kept = Kept(value, chars)
+        self._decoded.add(key, kept)
         return kept.copy()
 
     def _tuple(self, row: _Row) -> CheckpointTuple:

@@ -158,18 +158,34 @@ def _rebuilt(
 
 class DecodedBlobs(dict):
     """Decoded values (`Kept`) by blob hash (or by the typed form an event holds), the
-    newest up to `size` bytes in all. Looked
-    up from the thread a read runs on, filled on the event loop: single dict operations,
-    each atomic in CPython, never an iteration there."""
+    newest up to `size` bytes in all. Looked up from the thread a read runs on, filled on
+    the event loop: single dict operations, each atomic in CPython, never an iteration
+    there.
 
-    def __init__(self, size: int) -> None:
+    A value is kept the second time it is decoded: keeping one costs two fifths of a
+    decoding, which a value read once (the last, partial chunk of the checkpoint a graph
+    resumes from) would pay for nothing. `seen`: the hashes of the keys decoded once."""
+
+    def __init__(self, size: int, seen: int = 4096) -> None:
         super().__init__()
         self.size, self.held = size, 0
+        self._seen: dict[int, None] = {}
+        self._seen_size = seen
 
-    def add(self, digest: Any, kept: Kept) -> None:
-        if digest in self or kept.size > self.size:
+    def decoded_before(self, key: Any) -> bool:
+        """Whether `key` was decoded before (among the last `seen` first decodings);
+        remembered as decoded from now on."""
+        if hash(key) in self._seen:
+            return True
+        self._seen[hash(key)] = None
+        while len(self._seen) > self._seen_size:
+            del self._seen[next(iter(self._seen))]
+        return False
+
+    def add(self, key: Any, kept: Kept) -> None:
+        if key in self or kept.size > self.size:
             return
-        self[digest] = kept
+        self[key] = kept
         self.held += kept.size
         while self.held > self.size:
             self.held -= self.pop(next(iter(self))).size

@@ -125,6 +125,17 @@ def test_decoded_blobs_keep_the_newest_up_to_their_size():
     assert "as objects" not in kept  # counted at OBJECT_BYTES_PER_CHAR per character
 
 
+def test_a_value_is_kept_from_its_second_decoding():
+    kept = DecodedBlobs(size=1000, seen=2)
+    assert [kept.decoded_before(key) for key in ("a", "a", ("b", "t"), "c", "a")] == [
+        False,
+        True,
+        False,
+        False,
+        False,  # forgotten: the last 2 first decodings are remembered
+    ]
+
+
 def long_text(n: int) -> str:
     """Text that compresses little: a chunk of such messages is kept in a blob."""
     return " ".join(str(n * k * 7919 % 100_003) for k in range(80))
