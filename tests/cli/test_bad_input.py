@@ -32,7 +32,7 @@ from typer.testing import CliRunner
 
 import artstore
 from artstore.errors import InvalidArgumentError
-from artstore.exchange import export_jsonl
+from artstore.exchange import export_atif, export_jsonl, export_otlp
 
 ROOT = os.geteuid() == 0
 
@@ -270,6 +270,56 @@ def test_a_bad_input_is_one_line_and_writes_nothing(
     with unchanged(tmp_path, recorded_url):
         result = invoke(*args, "--url", recorded_url, stdin=stdin)
     assert says in one_line(result)
+
+
+# --- a foreign file: a bad record after good ones imports nothing ------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported_lines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """The lines of the recorded run exported as ATIF and as OTLP JSON (made once, on SQLite)."""
+    folder = tmp_path_factory.mktemp("foreign")
+
+    async def export() -> None:
+        async with await artstore.open_store(f"sqlite:///{folder / 'run.db'}") as store:
+            await record_run(store)
+            await export_atif(store, RUN, folder / "run.atif.jsonl")
+            await export_otlp(store, RUN, folder / "run.otlp.jsonl")
+
+    asyncio.run(export())
+    return {fmt: (folder / f"run.{fmt}.jsonl").read_text().splitlines() for fmt in ("atif", "otlp")}
+
+
+def _valid_json_but_not_the_format(fmt: str) -> str:
+    """A JSON line that parses but is no ATIF trajectory (or OTLP export request)."""
+    return json.dumps(
+        {"schema_version": "ATIF-v1.8", "steps": []} if fmt == "atif" else {"spans": []}
+    )
+
+
+FOREIGN_BAD_LINES: dict[str, tuple[Callable[[str], str], str]] = {
+    "not JSON": (lambda _: '{"steps": [', "line 2: not JSON"),
+    "JSON of another shape": (_valid_json_but_not_the_format, "line 2: not {format}"),
+    "not UTF-8": (lambda _: "\udcff", "line 2: not UTF-8 text"),
+}
+
+
+@pytest.mark.parametrize("bad", list(FOREIGN_BAD_LINES))
+@pytest.mark.parametrize("fmt", ["atif", "otlp"])
+def test_a_bad_record_after_good_ones_is_one_line_and_imports_nothing(
+    fmt: str, bad: str, exported_lines: dict[str, list[str]], recorded_url: str, tmp_path: Path
+) -> None:
+    make_line, says = FOREIGN_BAD_LINES[bad]
+    good = exported_lines[fmt]  # ATIF: a line per rollout; OTLP: one line of all spans
+    source = tmp_path / f"mixed.{fmt}.jsonl"
+    text = "\n".join([good[0], make_line(fmt), *good[1:]]) + "\n"
+    source.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with unchanged(tmp_path, recorded_url):
+        message = one_line(
+            invoke("import", source, "--format", fmt, "--run", "copy", "--url", recorded_url)
+        )
+    says = says.format(format={"atif": "an ATIF trajectory", "otlp": "OTLP JSON"}[fmt])
+    assert f"mixed.{fmt}.jsonl, {says}" in message, message
 
 
 # --- export --force writes regular files only -----------------------------------------------
