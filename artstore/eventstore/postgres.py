@@ -25,6 +25,7 @@ are translated for asyncpg; `options=-c name=value` also overrides artstore's de
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import shlex
 import ssl
@@ -43,6 +44,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    TextClause,
     bindparam,
     cast,
     column,
@@ -719,7 +721,14 @@ def _insert_statement(
         else:
             parts.append(_projection(number, part, parameters))
     sql = "WITH " + ", ".join(parts) + " SELECT inserted_event_id, inserted_position FROM inserted"
-    return text(sql), parameters
+    return _statement(sql), parameters
+
+
+@functools.lru_cache(maxsize=256)
+def _statement(sql: str) -> TextClause:
+    """`text(sql)`, made once per shape of statement: parsing its dozens of parameters
+    cost more than the rest of building it."""
+    return text(sql)
 
 
 def _projection(number: int, part: StatementRows, parameters: dict[str, Any]) -> str:
@@ -779,14 +788,21 @@ def _unnested(
     parameters: dict[str, list[Any]] = {}
     casts = []
     for name in names:
-        column = table.columns.get(name)
-        kind = column.type if column is not None else String()  # event_id: not a column
-        process = kind.bind_processor(_DIALECT)
+        process, array_type = _binding(table, name)
         values = [row[name] for row in rows]
         parameters[f"{prefix}_{name}"] = [process(v) for v in values] if process else values
-        casts.append(f"CAST(:{prefix}_{name} AS {_array_type(kind)})")
+        casts.append(f"CAST(:{prefix}_{name} AS {array_type})")
     selected = f"SELECT * FROM unnest({', '.join(casts)}) AS u({', '.join(names)})"
     return parameters, selected
+
+
+@functools.cache
+def _binding(table: Table, name: str) -> tuple[Callable[[Any], Any] | None, str]:
+    """The bind processor and SQL array type of a column of `table` (`event_id`, not a
+    column: text), once: making a processor costs more than binding one call's rows."""
+    column = table.columns.get(name)
+    kind = column.type if column is not None else String()
+    return kind.bind_processor(_DIALECT), _array_type(kind)
 
 
 def _array_type(kind: Any) -> str:
