@@ -148,9 +148,11 @@ def _compiled(statement: Any, dialect: Any, keys: tuple[str, ...]) -> _Compiled 
     cache_key = (statement, dialect, keys)  # the dialect: its JSON serializer
     if cache_key not in _COMPILED:
         compiled = statement.compile(dialect=dialect, column_keys=list(keys))
+        # A parameter used twice is sent twice where the driver's placeholders are
+        # positional (SQLite's `?`): `order` names each placeholder's key.
         order = tuple(compiled.positiontup or ())
         found: _Compiled | None = None
-        if sorted(order) == sorted(keys) and len(order) == len(keys):
+        if set(order) == set(keys) and len(set(keys)) == len(keys):
             processors = compiled._bind_processors
             found = _Compiled(str(compiled), order, tuple(processors.get(k) for k in order))
         _COMPILED[cache_key] = found
@@ -594,7 +596,7 @@ class BulkProjection:
         if self.calls:
             execute_many(c, _INSERT_CALLS, list(self.calls.values()))
         if self.call_totals:
-            c.execute(_ADD_TOTALS, self.call_totals)  # in order: one UPDATE after another
+            execute_many(c, _ADD_TOTALS, self.call_totals)  # in order: one UPDATE after another
         if self.summed_again:
             _summed_again(c, list(dict.fromkeys(self.summed_again)))
         if self.finishes:
