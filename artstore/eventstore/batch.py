@@ -41,7 +41,7 @@ from artstore.eventstore.records import (
     Projector,
     RecordedEvent,
     SideBySide,
-    StatementRows,
+    StatementPart,
     recorded_events,
 )
 from artstore.eventstore.streams import stream_heads
@@ -81,7 +81,7 @@ class Alone:
 
     rows: list[dict[str, Any]]
     blobs: list[dict[str, Any]]
-    projected: list[StatementRows]
+    projected: list[StatementPart]
 
 
 class Recent(OrderedDict[str, Any]):
@@ -169,7 +169,7 @@ class BatchSQL:
                 return None  # the checked way says which version the stream is at
             rows.extend({**row, "version": head + n} for n, row in enumerate(item.rows, start=1))
             heads[item.stream_id] = head + len(item.rows)
-        projected: list[StatementRows] = []
+        projected: list[StatementPart] = []
         if projects:
             types = self.projected_types
             projected_rows = [r for r in rows if types is None or r["type"] in types]

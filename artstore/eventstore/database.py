@@ -41,7 +41,7 @@ from artstore.errors import (
     StorageFullError,
 )
 from artstore.eventstore.recorder import ErrorKind, Recorder, causes
-from artstore.eventstore.records import StatementRows
+from artstore.eventstore.records import StatementPart
 from artstore.urls import redact
 
 T = TypeVar("T")
@@ -95,7 +95,7 @@ class WriteBatch:
     rows: list[dict[str, Any]] | None = None
     inserted: Callable[[list[int]], None] | None = None
     blobs: list[dict[str, Any]] = field(default_factory=list)
-    projected: list[StatementRows] = field(default_factory=list)
+    projected: list[StatementPart] = field(default_factory=list)
 
 
 class Writer:

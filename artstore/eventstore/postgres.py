@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import shlex
 import ssl
@@ -35,11 +36,16 @@ from typing import Any, TypeVar
 
 from sqlalchemy import (
     ARRAY,
+    JSON,
     BigInteger,
+    Boolean,
+    DateTime,
+    Float,
     Integer,
     String,
     Table,
     Text,
+    TextClause,
     bindparam,
     cast,
     column,
@@ -71,7 +77,7 @@ from artstore.eventstore.database import (
 )
 from artstore.eventstore.reader_role import READER_ROLE
 from artstore.eventstore.recorder import ErrorKind, causes
-from artstore.eventstore.records import StatementRows
+from artstore.eventstore.records import StatementAdds, StatementPart, StatementRows
 from artstore.schema.tables import blobs as t_blobs
 from artstore.schema.tables import events
 
@@ -714,7 +720,7 @@ def _insert_parameters(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
 
 
 def _insert_statement(
-    rows: list[dict[str, Any]], blobs: list[dict[str, Any]], projected: list[StatementRows]
+    rows: list[dict[str, Any]], blobs: list[dict[str, Any]], projected: list[StatementPart]
 ) -> tuple[Any, dict[str, Any]]:
     """The statement that inserts `rows` through `artstore_insert_events`, the `blobs`
     rows before them and the `projected` rows after, and its parameters.
@@ -722,8 +728,10 @@ def _insert_statement(
     Blobs come first, as in a transaction (artstore.eventstore.batch): the function's
     arguments wait for them (a scalar subquery over their INSERT is evaluated before the
     function runs), so that the append lock is never held while a blob another appender
-    inserts is waited for. Each projection is an INSERT of its own in the statement,
-    joined to the events' positions by event id, run once the events are in."""
+    inserts is waited for. Each projection is an INSERT (or an UPDATE that adds to stored
+    rows) of its own in the statement, joined to the events' positions by event id, run
+    once the events are in: the rows it changes are locked after the append lock, as in a
+    transaction."""
     if not blobs and not projected:
         return _INSERT_SIDE_BY_SIDE, _insert_parameters(rows)
     parameters = _insert_parameters(rows)
@@ -744,9 +752,19 @@ def _insert_statement(
         "CAST(:recorded_at AS timestamptz[])))"
     )
     for number, part in enumerate(projected):
-        parts.append(_projection(number, part, parameters))
+        if isinstance(part, StatementAdds):
+            parts.append(_addition(number, part, parameters))
+        else:
+            parts.append(_projection(number, part, parameters))
     sql = "WITH " + ", ".join(parts) + " SELECT inserted_event_id, inserted_position FROM inserted"
-    return text(sql), parameters
+    return _statement(sql), parameters
+
+
+@functools.lru_cache(maxsize=256)
+def _statement(sql: str) -> TextClause:
+    """`text(sql)`, made once per shape of statement: parsing its dozens of parameters
+    cost more than the rest of building it."""
+    return text(sql)
 
 
 def _projection(number: int, part: StatementRows, parameters: dict[str, Any]) -> str:
@@ -759,17 +777,36 @@ def _projection(number: int, part: StatementRows, parameters: dict[str, Any]) ->
     picked = ", ".join(f"r.{name}" for name in names)
     keys = ", ".join(part.keys)
     action = "UPDATE SET position = excluded.position" if part.replace else "NOTHING"
+    on_conflict = f" ON CONFLICT ({keys}) DO {action}" if part.keys else ""
     return (
         f"projected_{number} AS (INSERT INTO {part.table.name} ({listed}, position) "
         f"SELECT {picked}, inserted.inserted_position FROM ({selected}) AS r "
+        f"JOIN inserted ON inserted.inserted_event_id = r.event_id{on_conflict})"
+    )
+
+
+def _addition(number: int, part: StatementAdds, parameters: dict[str, Any]) -> str:
+    """One `StatementAdds` as a CTE of the statement (its parameters added): an UPDATE
+    whose sums are those of the projector's (`coalesce(total + value, total, value)`)."""
+    names = [part.key, *part.counts, *part.sums]
+    columns, selected = _unnested(part.table, [*names, "event_id"], f"a{number}", part.rows)
+    parameters.update(columns)
+    table = part.table.name
+    sets = [f"{c} = {table}.{c} + r.{c}" for c in part.counts]
+    sets += [f"{c} = coalesce({table}.{c} + r.{c}, {table}.{c}, r.{c})" for c in part.sums]
+    return (
+        f"added_{number} AS (UPDATE {table} SET {', '.join(sets)} FROM ({selected}) AS r "
         "JOIN inserted ON inserted.inserted_event_id = r.event_id "
-        f"ON CONFLICT ({keys}) DO {action})"
+        f"WHERE {table}.{part.key} = r.{part.key})"
     )
 
 
 def _deduplicated(part: StatementRows) -> list[dict[str, Any]]:
     """One row per key, as rows written one after the other leave it (the last where it
-    replaces, the first where it keeps): a statement may not touch a row twice."""
+    replaces, the first where it keeps): a statement may not touch a row twice. Rows
+    without keys are inserted as they are."""
+    if not part.keys:
+        return part.rows
     by_key: dict[tuple, dict[str, Any]] = {}
     for row in part.rows:
         key = tuple(row[name] for name in part.keys)
@@ -787,14 +824,21 @@ def _unnested(
     parameters: dict[str, list[Any]] = {}
     casts = []
     for name in names:
-        column = table.columns.get(name)
-        kind = column.type if column is not None else String()  # event_id: not a column
-        process = kind.bind_processor(_DIALECT)
+        process, array_type = _binding(table, name)
         values = [row[name] for row in rows]
         parameters[f"{prefix}_{name}"] = [process(v) for v in values] if process else values
-        casts.append(f"CAST(:{prefix}_{name} AS {_array_type(kind)})")
+        casts.append(f"CAST(:{prefix}_{name} AS {array_type})")
     selected = f"SELECT * FROM unnest({', '.join(casts)}) AS u({', '.join(names)})"
     return parameters, selected
+
+
+@functools.cache
+def _binding(table: Table, name: str) -> tuple[Callable[[Any], Any] | None, str]:
+    """The bind processor and SQL array type of a column of `table` (`event_id`, not a
+    column: text), once: making a processor costs more than binding one call's rows."""
+    column = table.columns.get(name)
+    kind = column.type if column is not None else String()
+    return kind.bind_processor(_DIALECT), _array_type(kind)
 
 
 def _array_type(kind: Any) -> str:
@@ -804,10 +848,19 @@ def _array_type(kind: Any) -> str:
         return "bigint[]"
     if isinstance(base, String):
         return "text[]"
+    if isinstance(base, Float):
+        return "float8[]"
+    if isinstance(base, Boolean):
+        return "boolean[]"
+    if isinstance(base, DateTime):
+        return "timestamptz[]" if base.timezone else "timestamp[]"
+    if isinstance(base, JSON):
+        return "json[]"
     raise TypeError(f"no array type for {kind!r}")
 
 
-_DIALECT = postgresql.asyncpg.dialect()
+# Binds as the engines do: their JSON serializer is artstore's (`serialize`).
+_DIALECT = postgresql.asyncpg.dialect(json_serializer=serialize)
 
 
 def _function_not_offered(exc: BaseException | None) -> bool:

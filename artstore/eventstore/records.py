@@ -73,8 +73,10 @@ class StatementRows:
 
     Each row holds its columns but `position`, and `event_id`: the event whose position
     the statement gives it. On a key already stored, `replace` keeps the newer position
-    (an upsert), else the row stored. Only for rows that need no order across appends:
-    such a statement shares the append lock (artstore.projections.side_by_side)."""
+    (an upsert), else the row stored; without `keys`, a row whose key is stored refuses
+    the statement, as the projector's INSERT refuses its transaction. Only for rows that
+    need no order across appends: such a statement shares the append lock
+    (artstore.projections.side_by_side)."""
 
     table: Table
     keys: tuple[str, ...]
@@ -82,10 +84,27 @@ class StatementRows:
     rows: list[dict[str, Any]]
 
 
+@dataclass(frozen=True)
+class StatementAdds:
+    """Numbers that the statement inserting their events adds to rows already stored
+    (PostgreSQL): each row of `rows` holds `key`, `event_id` (the event whose insert it
+    follows) and a value per column of `counts` (added) and `sums` (added as SQL's SUM
+    adds: a NULL is skipped, NULL until a value comes). One row per key: a statement may
+    not change a row twice. A key with no stored row changes nothing. Only for numbers
+    that need no order across appends (see `StatementRows`)."""
+
+    table: Table
+    key: str
+    counts: tuple[str, ...]
+    sums: tuple[str, ...]
+    rows: list[dict[str, Any]]
+
+
+StatementPart = StatementRows | StatementAdds
 # `in_statement(rows)`: the projection of these event rows (those of an append's batch
-# that the projector projects, before their INSERT) as `StatementRows`, or None where any
-# of them needs the projector.
-InStatement = Callable[[list[dict[str, Any]]], list[StatementRows] | None]
+# that the projector projects, before their INSERT) as `StatementRows` and
+# `StatementAdds`, or None where any of them needs the projector.
+InStatement = Callable[[list[dict[str, Any]]], list[StatementPart] | None]
 # Called inside the appending transaction before an append's events are written; raising
 # refuses that append alone (nothing of it is written). Workers check their lease this way.
 Condition = Callable[[Connection], None]

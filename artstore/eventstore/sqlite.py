@@ -104,6 +104,16 @@ class SQLiteRecorder:
         # Not ON CONFLICT DO NOTHING: the schema refuses any insert over a stored blob or
         # event (that is how it refuses REPLACE), so leave out what is stored. The writer
         # holds the database's write lock: nothing is stored meanwhile.
+        if not rows:
+            return
+        names = list(rows[0])
+        plain = _plain_columns(connection, table, tuple(names))
+        if plain and all(len(row) == len(names) for row in rows):
+            # On the driver's connection, as the events' INSERT: SQLAlchemy's statement
+            # machinery (a SELECT and an INSERT built, compiled and bound) cost more than
+            # SQLite's work for the few blobs of one call (~0.4 ms of a ~1.3 ms commit).
+            _insert_missing_on_driver(connection, table.name, key, names, rows)
+            return
         column = table.c[key]
         wanted = [row[key] for row in rows]
         stored: set[Any] = set()
@@ -607,6 +617,40 @@ _INSERT_NEXT_EVENT = (
 def _one_transaction(connection: Connection, work: Callable[[Connection], T]) -> T:
     with connection.begin():
         return work(connection)
+
+
+def _plain_columns(connection: Connection, table: Table, names: tuple[str, ...]) -> bool:
+    """Whether these columns of `table` bind their values as they are (text and integers:
+    no bind processor), so that the driver may be given the rows themselves."""
+    found = _PLAIN.get((table.name, names))
+    if found is None:
+        columns = [table.columns.get(name) for name in names]
+        found = all(
+            c is not None and c.type.bind_processor(connection.dialect) is None for c in columns
+        )
+        _PLAIN[table.name, names] = found
+    return found
+
+
+_PLAIN: dict[tuple[str, tuple[str, ...]], bool] = {}
+
+
+def _insert_missing_on_driver(
+    connection: Connection, table: str, key: str, names: list[str], rows: list[dict]
+) -> None:
+    """The rows whose `key` is not stored yet, inserted with one executemany."""
+    stored: set[Any] = set()
+    wanted = [row[key] for row in rows]
+    for start in range(0, len(wanted), 500):
+        chunk = wanted[start : start + 500]
+        marks = ", ".join("?" * len(chunk))
+        found = _on_driver(connection, f"SELECT {key} FROM {table} WHERE {key} IN ({marks})", chunk)
+        stored.update(value for (value,) in found.fetchall())
+    missing = [tuple(row[name] for name in names) for row in rows if row[key] not in stored]
+    if missing:
+        columns, marks = ", ".join(names), ", ".join("?" * len(names))
+        statement = f"INSERT INTO {table} ({columns}) VALUES ({marks})"
+        _on_driver(connection, statement, missing, many=True)
 
 
 def _in_transaction(connection: Connection) -> bool:

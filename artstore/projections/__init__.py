@@ -6,8 +6,8 @@ exactly as current as the event log; `rebuild` recomputes them from the log alon
 `in_statement` which the statement inserting their events may write (PostgreSQL).
 """
 
-from artstore.projections.checkpoints import in_statement
 from artstore.projections.handlers import project, projected_types, rebuild
+from artstore.projections.in_statement import in_statement
 from artstore.projections.side_by_side import SideBySide
 
 __all__ = ["SideBySide", "in_statement", "project", "projected_types", "rebuild"]

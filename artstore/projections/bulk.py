@@ -51,10 +51,18 @@ from artstore.events import (
     RolloutStarted,
     TrajectoryImported,
     TrajectoryRecorded,
+    decode_event,
 )
+from artstore.eventstore.blobs import load_payload
 from artstore.eventstore.database import recorder_of
 from artstore.eventstore.recorder import Recorder
-from artstore.eventstore.records import RecordedEvent, recorded_from_row
+from artstore.eventstore.records import (
+    RecordedEvent,
+    StatementAdds,
+    StatementPart,
+    StatementRows,
+    recorded_from_row,
+)
 from artstore.eventstore.streams import events_of_streams
 from artstore.projections import rollout_rewards, trained
 from artstore.projections.imported import blob_hashes, imported_message_rows, load_bodies
@@ -140,9 +148,11 @@ def _compiled(statement: Any, dialect: Any, keys: tuple[str, ...]) -> _Compiled 
     cache_key = (statement, dialect, keys)  # the dialect: its JSON serializer
     if cache_key not in _COMPILED:
         compiled = statement.compile(dialect=dialect, column_keys=list(keys))
+        # A parameter used twice is sent twice where the driver's placeholders are
+        # positional (SQLite's `?`): `order` names each placeholder's key.
         order = tuple(compiled.positiontup or ())
         found: _Compiled | None = None
-        if sorted(order) == sorted(keys) and len(order) == len(keys):
+        if set(order) == set(keys) and len(set(keys)) == len(keys):
             processors = compiled._bind_processors
             found = _Compiled(str(compiled), order, tuple(processors.get(k) for k in order))
         _COMPILED[cache_key] = found
@@ -196,6 +206,73 @@ class CallTotals:
         self.total_tokens = _add(self.total_tokens, row["total_tokens"])
         self.num_tool_calls += len(row["tool_calls"] or ())
         self.llm_latency_s = _add(self.llm_latency_s, row["latency_s"])
+
+
+def call_row(e: LLMCall, rollout_id: str) -> dict[str, Any]:
+    """The `llm_calls` row of a call, but its position."""
+    prompt, completion = e.prompt_tokens, e.completion_tokens
+    return {
+        "call_id": e.call_id,
+        "rollout_id": rollout_id,
+        "call_index": e.index,
+        "model": e.model,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": None if prompt is None or completion is None else prompt + completion,
+        "latency_s": e.latency_s,
+        "finish_reason": e.finish_reason,
+        "num_input_messages": len(e.input),
+        "tool_calls": storable_json(
+            [{"name": tc["name"], "args": tc.get("args")} for tc in e.tool_calls]
+        )
+        or None,
+        "has_logprobs": e.num_logprobs > 0,
+        "error_type": e.error_type,
+        "error_message": e.error_message,
+        "started_at": e.started_at,
+        "source": e.source,
+        "endpoint": e.endpoint,
+        "streamed": e.stream,
+        "art_exchange": e.art_exchange,
+    }
+
+
+def calls_in_statement(rows: list[dict[str, Any]]) -> list[StatementPart] | None:
+    """The projection of `llm.call` event rows (before their INSERT) as parts of the
+    statement that inserts them (`in_statement`): each call's row, and what it adds to its
+    rollout's counters and totals, as `_llm_call` and `flush` write them. None where the
+    projector must write them: a call that supersedes another (its rollout's totals are
+    summed again), a call outside its rollout's stream, or two calls of one rollout (its
+    float total adds them one at a time, in position order).
+
+    A call's projection writes its rollout's rows only (artstore.projections.side_by_side):
+    in any order across rollouts, the tables end the same."""
+    calls, totals = [], []
+    rollouts: set[str] = set()
+    for row in rows:
+        stream_id = row["stream_id"]
+        rollout_id = stream_id.removeprefix("rollout-")
+        if row["type"] != LLMCall.type or rollout_id == stream_id or rollout_id in rollouts:
+            return None
+        rollouts.add(rollout_id)
+        e = decode_event(LLMCall.type, load_payload(row["data"]), row["event_id"])
+        assert isinstance(e, LLMCall)
+        if e.supersedes is not None:
+            return None
+        call = call_row(e, rollout_id)
+        added = CallTotals()
+        added.add(call, counted=True)
+        calls.append(call | {"event_id": row["event_id"]})
+        totals.append({"rollout_id": rollout_id, **vars(added), "event_id": row["event_id"]})
+    if not calls:
+        return []
+    return [
+        StatementRows(t.llm_calls, (), False, calls),  # a call id stored refuses it, as before
+        StatementAdds(t.rollouts, "rollout_id", _COUNTS, TOTALS, totals),
+    ]
+
+
+_COUNTS = ("num_llm_calls", "num_tool_calls")
 
 
 def _bound(totals: CallTotals) -> dict[str, Any]:
@@ -384,34 +461,9 @@ class BulkProjection:
 
     def _llm_call(self, e: LLMCall, r: RecordedEvent) -> None:
         rollout_id = r.stream_id.removeprefix("rollout-")
-        prompt, completion = e.prompt_tokens, e.completion_tokens
         if e.call_id in self.calls:  # the primary key refuses it, as before
             self.flush()
-        row = {
-            "call_id": e.call_id,
-            "rollout_id": rollout_id,
-            "call_index": e.index,
-            "model": e.model,
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": None if prompt is None or completion is None else prompt + completion,
-            "latency_s": e.latency_s,
-            "finish_reason": e.finish_reason,
-            "num_input_messages": len(e.input),
-            "tool_calls": storable_json(
-                [{"name": tc["name"], "args": tc.get("args")} for tc in e.tool_calls]
-            )
-            or None,
-            "has_logprobs": e.num_logprobs > 0,
-            "error_type": e.error_type,
-            "error_message": e.error_message,
-            "started_at": e.started_at,
-            "position": r.position,
-            "source": e.source,
-            "endpoint": e.endpoint,
-            "streamed": e.stream,
-            "art_exchange": e.art_exchange,
-        }
+        row = call_row(e, rollout_id) | {"position": r.position}
         if e.supersedes is not None:  # the same call, recorded again: one row per real call
             if self.calls.pop(e.supersedes, None) is None:
                 self.connection.execute(
@@ -544,7 +596,7 @@ class BulkProjection:
         if self.calls:
             execute_many(c, _INSERT_CALLS, list(self.calls.values()))
         if self.call_totals:
-            c.execute(_ADD_TOTALS, self.call_totals)  # in order: one UPDATE after another
+            execute_many(c, _ADD_TOTALS, self.call_totals)  # in order: one UPDATE after another
         if self.summed_again:
             _summed_again(c, list(dict.fromkeys(self.summed_again)))
         if self.finishes:

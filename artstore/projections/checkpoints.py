@@ -119,7 +119,7 @@ def thread_stream(thread_id: str) -> str:
     return f"langgraph-sha256-{digest}"
 
 
-def in_statement(rows: list[dict[str, Any]]) -> list[StatementRows] | None:
+def checkpoints_in_statement(rows: list[dict[str, Any]]) -> list[StatementRows] | None:
     """The projection of a batch's projected rows when they are checkpoints and writes,
     as rows the statement that inserts the events writes (`StatementRows`); None where an
     event of another type is among them, or one outside its thread's stream.
