@@ -230,9 +230,9 @@ def export(
 
         async with await open_for_reading(url) as store:
             found = await read_dataset(store, *parse_reference(reference))
-            with progress(
-                f"exporting {found.name}@{found.version}", len(found.rollout_ids)
-            ) as step:
+            total = len(found.rollout_ids)
+            with progress(f"exporting {found.name}@{found.version}", total) as bar:
+                step = _ProgressLines(bar, total)
                 return await export_dataset(
                     store, found, format, out, min_margin=min_margin, force=force, on_rollouts=step
                 )
@@ -248,3 +248,17 @@ def export(
             f"left out: {summary.left_out} rollouts (no pair or no spread in their group)",
             highlight=False,
         )
+
+
+class _ProgressLines:
+    """Advances the bar (drawn on a terminal only) and, where stderr is no terminal (a log,
+    a pipe), says `exported N/M rollouts` per page, as a run's export does per chunk."""
+
+    def __init__(self, bar: Any, total: int) -> None:
+        self.bar, self.total, self.done = bar, total, 0
+
+    def __call__(self, n: int = 1) -> None:
+        self.bar(n)
+        self.done += n
+        if not err_console.is_terminal and (self.done < self.total or n < self.total):
+            err_console.print(f"exported {self.done}/{self.total} rollouts", highlight=False)

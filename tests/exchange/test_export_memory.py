@@ -10,8 +10,9 @@ the whole run holds 32 MiB of text, several times over (blobs, trajectories, lin
 checked by hand against exports that read every rollout at once (never committed), whose
 peaks grew by 48 to 293 MiB (parquet reading all trajectories before the first file: 46).
 
-The run's exports also report their progress on stderr, a line per chunk (parquet: per
-file); a dataset's draw a progress bar on a terminal only.
+Every export also reports its progress on stderr where that is no terminal (a log, a
+pipe), a line per chunk of rollouts (parquet: per file; a dataset's: per page); on a
+terminal a dataset's export draws a progress bar instead.
 
 `tools/bench_export_memory.py` measures the same at 100,000 rollouts.
 """
@@ -72,7 +73,7 @@ def test_every_export_holds_a_chunk_however_long_the_run(
     }
     assert all(growth < GROWTH_BOUND_MIB for growth in grown.values()), grown
     large = LARGE_GROUPS * GROUP_SIZE
-    for fmt in RUN_FORMATS:
+    for fmt in FORMATS:  # a line per chunk or page (a group here), also in a log
         assert measured[fmt, "large"]["progress"][-2:] == [
             f"exported {large - GROUP_SIZE}/{large} rollouts",
             f"exported {large}/{large} rollouts",
