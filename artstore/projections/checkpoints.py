@@ -22,7 +22,7 @@ from artstore.events import (
     decode_event,
 )
 from artstore.eventstore.blobs import canonical_json, load_payload
-from artstore.eventstore.database import recorder_for
+from artstore.eventstore.database import recorder_of
 from artstore.eventstore.records import RecordedEvent, StatementRows
 from artstore.names import unstorable_character
 from artstore.schema import tables as t
@@ -36,15 +36,15 @@ def version_key(version: Any) -> str:
 
 
 def _upsert(connection: Connection, table: Any, keys: tuple[str, ...], rows: list[dict]) -> None:
-    connection.execute(_insert(connection.dialect.name, table, keys, True), rows)
+    connection.execute(_insert(recorder_of(connection), table, keys, True), rows)
 
 
 @functools.cache
-def _insert(dialect: str, table: Any, keys: tuple[str, ...], replace: bool) -> Any:
+def _insert(recorder: Any, table: Any, keys: tuple[str, ...], replace: bool) -> Any:
     """The INSERT of `table`'s rows that replaces the position of a row of the same `keys`
     (`replace`) or keeps that row. Built once: building it cost ~0.1 ms, and a put on SQLite
     runs two, a fifth of its CPU (a statement is immutable: one serves every call)."""
-    statement = recorder_for(dialect).insert(table)
+    statement = recorder.insert(table)
     if not replace:
         return statement.on_conflict_do_nothing(index_elements=list(keys))
     return statement.on_conflict_do_update(
@@ -94,7 +94,7 @@ def _checkpoint(c: Connection, e: LangGraphCheckpoint, r: RecordedEvent) -> None
 def _writes(c: Connection, e: LangGraphWrites, r: RecordedEvent) -> None:
     kept, replaced = _writes_rows(e)
     if kept:
-        statement = _insert(c.dialect.name, t.langgraph_writes, _WRITE_KEYS, False)
+        statement = _insert(recorder_of(c), t.langgraph_writes, _WRITE_KEYS, False)
         c.execute(statement, _at(kept, r.position))
     if replaced:
         _upsert(c, t.langgraph_writes, _WRITE_KEYS, _at(replaced, r.position))
