@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import Annotated, Any
@@ -169,7 +170,9 @@ def _print_what_next(result: Any, where: str, url: str | None, workdir: Path | N
 
     name = result.run
     url_part = ""
-    if url:  # a password stays out of the output: point at the variable instead
+    if url and url == os.environ.get("ARTSTORE_URL"):
+        pass  # the commands below read the same variable: no need to repeat it
+    elif url:  # a password stays out of the output: point at the variable instead
         url_part = f" --url {shlex.quote(url)}" if redact(url) == url else ' --url "$ARTSTORE_URL"'
     console.print(
         f"\nRecorded run [bold]{name}[/] (model {result.model}) in {where}; "

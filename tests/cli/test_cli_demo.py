@@ -188,3 +188,31 @@ def test_resuming_a_finished_demo_says_so_and_shows_whose_steps_are_whose(databa
         *(("artstore-demo/demo-1", str(step)) for step in range(1, 5)),
         *(("artstore-demo/demo-1-strict", str(step)) for step in range(1, 5)),
     ]
+
+
+def test_the_suggestions_name_the_store_only_where_artstore_url_does_not(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store given by $ARTSTORE_URL is found by the suggested commands as it was by the
+    demo; one given by --url is named in each (a password never: the variable instead)."""
+    from types import SimpleNamespace
+
+    from artstore.cli.demo import _print_what_next
+
+    result = SimpleNamespace(run="demo-1", model="artstore-demo/demo-1", art_path=".art")
+    plain, secret = "postgresql://u@db/x", "postgresql://u:pw@db/x"
+
+    def suggested(url: str, environment: str | None) -> list[list[str]]:
+        if environment is None:
+            monkeypatch.delenv("ARTSTORE_URL", raising=False)
+        else:
+            monkeypatch.setenv("ARTSTORE_URL", environment)
+        _print_what_next(result, "a store", url, None)
+        return suggested_commands(capsys.readouterr().out)
+
+    assert not any("--url" in command for command in suggested(plain, plain))
+    assert not any("--url" in command for command in suggested(secret, secret))
+    assert all(plain in command for command in suggested(plain, None))
+    named = suggested(secret, None)
+    assert all("$ARTSTORE_URL" in command for command in named), named
+    assert not any("pw" in " ".join(command) for command in named)
