@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 import art
+import httpx
 import openai
 import pytest
 from art.openai import consume_chat_completion_stream, consume_sync_chat_completion_stream
@@ -254,7 +255,11 @@ async def test_failed_calls_are_recorded_and_the_agent_gets_the_exception(store)
         async with store.rollout("agent") as timed_out:
             with pytest.raises(openai.APITimeoutError):
                 await client.chat.completions.create(
-                    model="test-model", messages=[{"role": "user", "content": "hi"}], timeout=0.2
+                    model="test-model",
+                    messages=[{"role": "user", "content": "hi"}],
+                    # The answer is late, not the connection: a busy machine may take
+                    # longer than the read timeout to connect.
+                    timeout=httpx.Timeout(0.2, connect=30.0),
                 )
     unreachable = openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="x", max_retries=0)
     async with store.rollout("agent") as refused:
